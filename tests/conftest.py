@@ -1,0 +1,79 @@
+"""Shared fixtures: random-weight reference models from mlx-lm and the default model."""
+
+import importlib
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_map
+
+TINY_CONFIGS = {
+    # GQA ratio 2, untied head, Qwen2 q/k/v biases.
+    "qwen2-untied": dict(
+        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=128, rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0, tie_word_embeddings=False,
+    ),
+    # GQA ratio 7, tied head.
+    "qwen2-tied": dict(
+        model_type="qwen2", hidden_size=56, num_hidden_layers=2, intermediate_size=80,
+        num_attention_heads=7, num_key_value_heads=1, vocab_size=96, rms_norm_eps=1e-6,
+        rope_theta=10_000.0, tie_word_embeddings=True,
+    ),
+    # Llama: no biases, tied head, GQA ratio 3 like SmolLM2.
+    "llama-tied": dict(
+        model_type="llama", hidden_size=48, num_hidden_layers=3, intermediate_size=64,
+        num_attention_heads=6, num_key_value_heads=2, vocab_size=112, rms_norm_eps=1e-5,
+        rope_theta=100_000.0, tie_word_embeddings=True,
+    ),
+    # Llama without GQA and with an untied head.
+    "llama-untied": dict(
+        model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=48,
+        num_attention_heads=2, num_key_value_heads=2, vocab_size=100, rms_norm_eps=1e-5,
+        rope_theta=10_000.0, tie_word_embeddings=False,
+    ),
+}
+
+
+def reference_model(config: dict, seed: int = 0, scale: float = 0.2):
+    """An mlx-lm model of `config` with seeded random weights (normal, std `scale`)."""
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    key = mx.random.key(seed)
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(key, len(params))
+    new = {name: mx.random.normal(p.shape, key=k) * scale for (name, p), k in zip(params, keys)}
+    # Norm weights near 1, as in trained models.
+    new = {n: (1.0 + v if n.endswith("layernorm.weight") or n == "model.norm.weight" else v)
+           for n, v in new.items()}
+    model.load_weights(list(new.items()))
+    mx.eval(model.parameters())
+    return model
+
+
+def model_weights(model) -> dict[str, mx.array]:
+    return dict(tree_flatten(model.parameters()))
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The converted default model (SmolLM2-135M-Instruct), shared by all tests."""
+    from tiny_llm.loader import resolve
+
+    return resolve("default")
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_dir):
+    from tiny_llm import load
+
+    return load("default")
+
+
+@pytest.fixture(scope="session")
+def reference_default_model(default_model_dir):
+    import mlx_lm
+
+    return mlx_lm.load(str(default_model_dir))
+
+
+__all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map"]
