@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/tiny-llm smoke --prompt "$(PROMPT)"
+	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --verbose
 
 test: setup
 	$(PY) -m pytest -q

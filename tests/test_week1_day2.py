@@ -74,14 +74,15 @@ def test_rope_matches_mlx_fast_other_bases(base, traditional):
     """RoPE honours `base` (Qwen2 uses 1e6) exactly as mx.fast.rope does."""
     x = mx.random.normal((2, 6, 2, 32), key=mx.random.key(1))
     actual = RoPE(32, base=base, traditional=traditional)(x, offset=3)
-    assert_close(actual, reference_rope(x, 32, traditional, base, 3), *rope_tolerance(mx.float32, 9))
+    expected = reference_rope(x, 32, traditional, base, 3)
+    assert_close(actual, expected, *rope_tolerance(mx.float32, 9))
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("traditional", [False, True])
 @pytest.mark.parametrize("dims, D", [(16, 64), (32, 64), (8, 16)])
 def test_rope_partial_dims_rotates_only_first_features(dims, D, traditional, dtype):
-    """With dims < D only the first dims features rotate (as in mx.fast.rope); the rest pass through."""
+    """With dims < D only the first dims features rotate, as in mx.fast.rope; the rest pass."""
     x = mx.random.normal((2, 5, 3, D), key=mx.random.key(2)).astype(dtype)
     actual = RoPE(dims, traditional=traditional)(x, offset=7)
     assert_close(
@@ -119,15 +120,13 @@ def test_rope_exact_layouts_pair_different_features():
     e1 = mx.array([0.0, 1.0, 0.0, 0.0]).reshape(1, 1, 1, 4)
     c1, s1, c02, s02 = math.cos(1.0), math.sin(1.0), math.cos(0.2), math.sin(0.2)
 
-    half_split = RoPE(4, base=100.0, traditional=False)
-    np.testing.assert_allclose(np.array(half_split(e0, offset=1)).ravel(), [c1, 0, s1, 0], atol=1e-6)
-    np.testing.assert_allclose(np.array(half_split(e1, offset=2)).ravel(), [0, c02, 0, s02], atol=1e-6)
+    def rotated(traditional: bool, x: mx.array, position: int) -> np.ndarray:
+        return np.array(RoPE(4, base=100.0, traditional=traditional)(x, offset=position)).ravel()
 
-    interleaved = RoPE(4, base=100.0, traditional=True)
-    np.testing.assert_allclose(np.array(interleaved(e0, offset=1)).ravel(), [c1, s1, 0, 0], atol=1e-6)
-    np.testing.assert_allclose(
-        np.array(interleaved(e1, offset=1)).ravel(), [-s1, c1, 0, 0], atol=1e-6
-    )
+    np.testing.assert_allclose(rotated(False, e0, 1), [c1, 0, s1, 0], atol=1e-6)
+    np.testing.assert_allclose(rotated(False, e1, 2), [0, c02, 0, s02], atol=1e-6)
+    np.testing.assert_allclose(rotated(True, e0, 1), [c1, s1, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(rotated(True, e1, 1), [-s1, c1, 0, 0], atol=1e-6)
 
 
 @pytest.mark.parametrize("traditional", [False, True])
@@ -146,7 +145,8 @@ def test_rope_batch_row_equals_single_row():
     rope = RoPE(16)
     batched = rope(x, offset=2)
     for i in range(3):
-        assert_close(batched[i : i + 1], rope(x[i : i + 1], offset=2), *rope_tolerance(mx.float32, 7))
+        single = rope(x[i : i + 1], offset=2)
+        assert_close(batched[i : i + 1], single, *rope_tolerance(mx.float32, 7))
 
 
 @pytest.mark.parametrize("dims", [15, 1, 0, -4])

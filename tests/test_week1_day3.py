@@ -98,7 +98,7 @@ GQA_SHAPES = [  # B, Hq, Hkv, L, S, D
 
 
 def make_mask(kind: str, key: mx.array, B: int, Hq: int, L: int, S: int, dtype: mx.Dtype):
-    """None, "causal", or an additive array: per head [B, Hq, L, S], per batch [B, 1, L, S], or [L, S]."""
+    """None, "causal", or an additive array [B, Hq, L, S], [B, 1, L, S] or [L, S]."""
     if kind in ("none", "causal"):
         return None if kind == "none" else "causal"
     shape = {"per_head": (B, Hq, L, S), "per_batch": (B, 1, L, S), "2d": (L, S)}[kind]
@@ -109,7 +109,7 @@ def make_mask(kind: str, key: mx.array, B: int, Hq: int, L: int, S: int, dtype: 
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "per_head", "per_batch", "2d"])
 @pytest.mark.parametrize("B, Hq, Hkv, L, S, D", GQA_SHAPES)
 def test_sdpa_grouped_matches_mlx_fast(B, Hq, Hkv, L, S, D, mask_kind, dtype):
-    """Grouped attention equals mx.fast.scaled_dot_product_attention (native GQA) for each mask kind."""
+    """Grouped attention equals mx.fast.scaled_dot_product_attention (native GQA) per mask kind."""
     k_q, k_k, k_v, k_m = mx.random.split(mx.random.key(0), 4)
     q = normal(k_q, (B, Hq, L, D), dtype)
     k = normal(k_k, (B, Hkv, S, D), dtype)
@@ -185,7 +185,9 @@ def test_sdpa_grouped_rejects_batch_mismatch():
 def test_sdpa_grouped_rejects_bad_layouts_and_mask_names():
     """3-D inputs, key/value length mismatch and unknown mask strings raise ValueError."""
     with pytest.raises(ValueError, match="attention shapes do not match"):
-        scaled_dot_product_attention_grouped(mx.zeros((4, 2, 8)), mx.zeros((2, 3, 8)), mx.zeros((2, 3, 8)))
+        scaled_dot_product_attention_grouped(
+            mx.zeros((4, 2, 8)), mx.zeros((2, 3, 8)), mx.zeros((2, 3, 8))
+        )
     with pytest.raises(ValueError, match="attention shapes do not match"):
         scaled_dot_product_attention_grouped(
             mx.zeros((1, 4, 2, 8)), mx.zeros((1, 2, 3, 8)), mx.zeros((1, 2, 5, 8))
@@ -277,7 +279,7 @@ def test_qwen2_attention_reads_weights_under_prefix():
 
 @pytest.mark.parametrize("offset", [5, 40])
 def test_qwen2_attention_is_invariant_to_a_common_offset(offset):
-    """Shifting all positions by the same offset leaves self-attention unchanged (RoPE is relative)."""
+    """Shifting every position by one offset leaves self-attention unchanged (RoPE is relative)."""
     config = QWEN2_CONFIGS["qwen2-gqa2"]
     _, weights = random_attention(mlx_qwen2, config, mx.float32, seed=15)
     ours = Qwen2MultiHeadAttention(ModelArgs.from_config(config), weights)

@@ -55,7 +55,7 @@ def test_silu_matches_mlx_nn(shape, dtype):
 
 
 def test_silu_exact_values():
-    """silu(0) = 0, silu(1) = 1 / (1 + e^-1), and it tends to x for large x and to 0 for very negative x."""
+    """silu(0) = 0, silu(1) = 1 / (1 + e^-1); silu(x) -> x for large x, -> 0 for very negative x."""
     x = mx.array([0.0, 1.0, -1.0, 30.0, -30.0])
     sigmoid = lambda t: 1.0 / (1.0 + math.exp(-t))  # noqa: E731
     expected = [0.0, sigmoid(1.0), -sigmoid(-1.0), 30.0, -30.0 * sigmoid(-30.0)]
@@ -86,6 +86,27 @@ def test_rms_norm_exact_small_case():
         atol=1e-6,
         rtol=1e-6,
     )
+
+
+def test_rms_norm_eps_inside_the_root():
+    """eps is added to the mean square: (3, 4) with eps = 1 is divided by sqrt(13.5); 0 stays 0."""
+    x = mx.array([[3.0, 4.0], [0.0, 0.0]])
+    rms = math.sqrt(12.5 + 1.0)
+    np.testing.assert_allclose(
+        np.array(RMSNorm(mx.ones((2,)), eps=1.0)(x)),
+        [[3.0 / rms, 4.0 / rms], [0.0, 0.0]],
+        atol=1e-6,
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eps", [1e-2, 1e-1])
+def test_rms_norm_small_inputs_match_mlx_fast(eps, dtype):
+    """For inputs far below sqrt(eps), eps dominates the statistics as in mx.fast.rms_norm."""
+    x = normal(mx.random.key(10), (3, 24), dtype, scale=0.05)
+    weight = mx.ones((24,), dtype=dtype)
+    assert_close(RMSNorm(weight, eps)(x), mx.fast.rms_norm(x, weight, eps), dtype)
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])

@@ -99,12 +99,25 @@ def test_batch_rows_are_independent():
         close(batch[row : row + 1], ours(tokens[row : row + 1]), atol=1e-5)
 
 
-def test_model_rejects_a_cache_in_week_one():
-    """Week 1's model has no KV cache: passing one is an error, not silently ignored."""
+def test_cached_decoding_equals_full_recompute():
+    """Prefill then one token at a time through the KV cache gives the full-sequence logits."""
+    config = TINY_CONFIGS["qwen2-untied"]
+    ours = Qwen2Model(ModelArgs.from_config(config), model_weights(reference_model(config, seed=12)))
+    tokens = mx.random.randint(0, config["vocab_size"], (2, 9), key=mx.random.key(13))
+    full = ours(tokens)
+    cache = ours.make_cache()
+    steps = [ours(tokens[:, :5], cache=cache)]
+    steps += [ours(tokens[:, i : i + 1], cache=cache) for i in range(5, 9)]
+    close(mx.concatenate(steps, axis=1), full, atol=1e-5)
+    assert cache[0].offset == 9
+
+
+def test_model_rejects_a_cache_of_the_wrong_depth():
+    """A cache made for another depth is refused with the two layer counts."""
     config = TINY_CONFIGS["llama-untied"]
     ours = Qwen2Model(ModelArgs.from_config(config), model_weights(reference_model(config)))
-    with pytest.raises(ValueError, match="no KV cache"):
-        ours(mx.array([[1, 2]]), cache=[object()])
+    with pytest.raises(ValueError, match="cache has 1 layers, the model 2"):
+        ours(mx.array([[1, 2]]), cache=ours.make_cache()[:1])
 
 
 PROMPTS = [

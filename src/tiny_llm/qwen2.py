@@ -13,6 +13,7 @@ import mlx.core as mx
 from .attention import causal_mask, scaled_dot_product_attention_grouped
 from .basics import linear, silu
 from .embedding import Embedding
+from .kv_cache import KVCache
 from .layer_norm import RMSNorm
 from .positional_encoding import RoPE
 
@@ -133,6 +134,12 @@ def check_weights(args: ModelArgs, weights: Mapping[str, mx.array]) -> None:
             )
 
 
+def _require(weights: Mapping[str, mx.array], name: str) -> mx.array:
+    if name not in weights:
+        raise ValueError(f"missing weight {name!r}")
+    return weights[name]
+
+
 class Qwen2MultiHeadAttention:
     """Grouped-query self-attention with RoPE; weights under `prefix` (`...self_attn.`)."""
 
@@ -142,14 +149,24 @@ class Qwen2MultiHeadAttention:
         self.head_dim = args.head_dim
         self.scale = args.head_dim**-0.5
         get = weights.get
-        self.wq, self.bq = weights[prefix + "q_proj.weight"], get(prefix + "q_proj.bias")
-        self.wk, self.bk = weights[prefix + "k_proj.weight"], get(prefix + "k_proj.bias")
-        self.wv, self.bv = weights[prefix + "v_proj.weight"], get(prefix + "v_proj.bias")
-        self.wo, self.bo = weights[prefix + "o_proj.weight"], get(prefix + "o_proj.bias")
+        self.wq, self.bq = _require(weights, prefix + "q_proj.weight"), get(prefix + "q_proj.bias")
+        self.wk, self.bk = _require(weights, prefix + "k_proj.weight"), get(prefix + "k_proj.bias")
+        self.wv, self.bv = _require(weights, prefix + "v_proj.weight"), get(prefix + "v_proj.bias")
+        self.wo, self.bo = _require(weights, prefix + "o_proj.weight"), get(prefix + "o_proj.bias")
         self.rope = RoPE(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
 
-    def __call__(self, x: mx.array, mask: mx.array | str | None = None, offset: int = 0) -> mx.array:
-        """`x [B, L, E]` -> `[B, L, E]`; the tokens sit at positions `offset ..`."""
+    def __call__(
+        self,
+        x: mx.array,
+        mask: mx.array | str | None = None,
+        offset: int = 0,
+        cache: KVCache | None = None,
+    ) -> mx.array:
+        """`x [B, L, E]` -> `[B, L, E]`; the tokens sit at positions `offset ..`.
+
+        With a `cache`, the new keys and values are appended to it and attention covers
+        every stored position (`offset` must then equal `cache.offset`).
+        """
         # BEGIN SOLUTION week1-day3
         B, L, _ = x.shape
         Hq, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
@@ -159,6 +176,8 @@ class Qwen2MultiHeadAttention:
         q = self.rope(q, offset=offset).transpose(0, 2, 1, 3)  # B, Hq, L, Dh
         k = self.rope(k, offset=offset).transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
         v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)  # B, Hkv, S, Dh
         o = scaled_dot_product_attention_grouped(q, k, v, scale=self.scale, mask=mask)
         o = o.transpose(0, 2, 1, 3).reshape(B, L, Hq * Dh)  # B, L, Hq * Dh
         return linear(o, self.wo, self.bo)
@@ -170,9 +189,9 @@ class Qwen2MLP:
 
     def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
         get = weights.get
-        self.w_gate, self.b_gate = weights[prefix + "gate_proj.weight"], get(prefix + "gate_proj.bias")
-        self.w_up, self.b_up = weights[prefix + "up_proj.weight"], get(prefix + "up_proj.bias")
-        self.w_down, self.b_down = weights[prefix + "down_proj.weight"], get(prefix + "down_proj.bias")
+        self.w_gate, self.b_gate = _require(weights, prefix + "gate_proj.weight"), get(prefix + "gate_proj.bias")
+        self.w_up, self.b_up = _require(weights, prefix + "up_proj.weight"), get(prefix + "up_proj.bias")
+        self.w_down, self.b_down = _require(weights, prefix + "down_proj.weight"), get(prefix + "down_proj.bias")
 
     def __call__(self, x: mx.array) -> mx.array:
         """`x [B, L, E]` -> `[B, L, E]` through a hidden layer of size `intermediate_size`."""
@@ -187,16 +206,22 @@ class Qwen2TransformerBlock:
 
     def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
         eps = args.rms_norm_eps
-        self.input_layernorm = RMSNorm(weights[prefix + "input_layernorm.weight"], eps)
+        self.input_layernorm = RMSNorm(_require(weights, prefix + "input_layernorm.weight"), eps)
         self.post_attention_layernorm = RMSNorm(
-            weights[prefix + "post_attention_layernorm.weight"], eps
+            _require(weights, prefix + "post_attention_layernorm.weight"), eps
         )
         self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.")
         self.mlp = Qwen2MLP(args, weights, prefix + "mlp.")
 
-    def __call__(self, x: mx.array, mask: mx.array | str | None = None, offset: int = 0) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        mask: mx.array | str | None = None,
+        offset: int = 0,
+        cache: KVCache | None = None,
+    ) -> mx.array:
         # BEGIN SOLUTION week1-day5
-        h = x + self.self_attn(self.input_layernorm(x), mask=mask, offset=offset)
+        h = x + self.self_attn(self.input_layernorm(x), mask=mask, offset=offset, cache=cache)
         return h + self.mlp(self.post_attention_layernorm(h))
         # END SOLUTION
 
@@ -218,16 +243,25 @@ class Qwen2Model:
         self.norm = RMSNorm(weights["model.norm.weight"], args.rms_norm_eps)
         self.lm_head = None if args.tie_word_embeddings else weights["lm_head.weight"]
 
-    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
-        """`tokens [B, L]` -> logits `[B, L, V]`. Week 1 has no cache: pass `None`."""
-        if cache is not None:
-            raise ValueError("this model has no KV cache yet: call it with cache=None")
+    def make_cache(self) -> list[KVCache]:
+        """One empty `KVCache` per layer, for `__call__(tokens, cache=...)`."""
+        return [KVCache() for _ in self.layers]
+
+    def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        """`tokens [B, L]` -> logits `[B, L, V]`.
+
+        Without a cache the tokens are the whole sequence. With `cache` (from `make_cache`)
+        they continue what the cache holds, and the cache is extended by them.
+        """
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
         # BEGIN SOLUTION week1-day5
         B, L = tokens.shape
+        offset = cache[0].offset if cache else 0
         h = self.embed_tokens(tokens)  # B, L, E
-        mask = causal_mask(L, L, h.dtype) if L > 1 else None
-        for layer in self.layers:
-            h = layer(h, mask=mask)
+        mask = causal_mask(L, offset + L, h.dtype) if L > 1 else None
+        for i, layer in enumerate(self.layers):
+            h = layer(h, mask=mask, offset=offset, cache=cache[i] if cache else None)
         h = self.norm(h)
         if self.lm_head is None:
             return self.embed_tokens.as_linear(h)  # B, L, V

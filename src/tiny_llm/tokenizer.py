@@ -176,3 +176,45 @@ def _token_text(token) -> str | None:
 
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class StreamingDetokenizer:
+    """Turns tokens into text one at a time, never emitting half a character.
+
+    Byte-level tokens can end in the middle of a UTF-8 sequence, and some tokenizers decode a
+    token differently at the start of a text (a leading space dropped). So each new token is
+    decoded together with the few tokens before it, and text is released only once it no
+    longer ends in the replacement character U+FFFD.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        self.text = ""  # everything released so far
+        self.last_segment = ""  # what the last add_token / finalize released
+        self._prefix = 0  # tokens[_prefix:_read] were already released
+        self._read = 0
+
+    def add_token(self, token: int) -> None:
+        self.tokens.append(token)
+        decode = self.tokenizer.decode
+        done = decode(self.tokens[self._prefix : self._read])
+        now = decode(self.tokens[self._prefix :])
+        if len(now) > len(done) and not now.endswith("\ufffd"):
+            self.last_segment = now[len(done) :]
+            self._prefix, self._read = self._read, len(self.tokens)
+        else:
+            self.last_segment = ""
+        self.text += self.last_segment
+
+    def finalize(self) -> None:
+        """Release whatever is left (an incomplete character shows as U+FFFD)."""
+        decode = self.tokenizer.decode
+        done = decode(self.tokens[self._prefix : self._read])
+        now = decode(self.tokens[self._prefix :])
+        self.last_segment = now[len(done) :]
+        self._prefix = self._read = len(self.tokens)
+        self.text += self.last_segment

@@ -1,0 +1,23 @@
+"""Token sampling: the week-1 `make_sampler` and mlx-lm-compatible helpers."""
+
+from .basic import Sampler, keep_top_k, keep_top_p, make_sampler
+from .mlx_compat import (
+    LogitsProcessor,
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    apply_xtc,
+    categorical_sampling,
+    greedy_sampler,
+    make_frequency_penalty,
+    make_logits_processors,
+    make_presence_penalty,
+    make_repetition_penalty,
+)
+
+__all__ = [
+    "Sampler", "LogitsProcessor", "make_sampler", "keep_top_k", "keep_top_p",
+    "apply_top_k", "apply_top_p", "apply_min_p", "apply_xtc", "categorical_sampling",
+    "greedy_sampler", "make_logits_processors", "make_repetition_penalty",
+    "make_presence_penalty", "make_frequency_penalty",
+]

@@ -1,0 +1,84 @@
+"""The week-1 sampler: greedy, temperature, top-k and top-p.
+
+Every function works on a batch: `logprobs [B, V]`, one distribution per row. Filters return
+the same array with the tokens they drop set to `-inf`.
+"""
+
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from .checks import check_float, check_int
+from .filters import keep_min_p
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def keep_top_k(logprobs: mx.array, k: int) -> mx.array:
+    """Keep the `k` largest entries of each row (and any entry tied with the k-th)."""
+    # BEGIN SOLUTION week1-day7
+    V = logprobs.shape[-1]
+    if k >= V:
+        return logprobs
+    # The k-th largest value of each row: partition puts it at index V - k.
+    kth = mx.partition(logprobs, kth=V - k, axis=-1)[..., V - k : V - k + 1]  # B, 1
+    return mx.where(logprobs >= kth, logprobs, -mx.inf)
+    # END SOLUTION
+
+
+def keep_top_p(logprobs: mx.array, p: float) -> mx.array:
+    """Keep the most likely tokens of each row until their mass reaches `p`.
+
+    The mass is measured over the finite entries (so after top-k it is renormalised over the
+    survivors). A token is kept when the mass of the tokens strictly more likely than it is
+    below `p`; tokens tied with the last kept one are kept too.
+    """
+    # BEGIN SOLUTION week1-day7
+    ascending = mx.sort(logprobs, axis=-1)  # B, V
+    # float32 for the sums: in float16 a cumulative sum over 150k entries drifts.
+    probs = mx.exp(ascending.astype(mx.float32))
+    mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)  # B, V
+    total = mass_above[..., :1] + probs[..., :1]  # B, 1
+    dropped = mx.sum(mass_above >= p * total, axis=-1, keepdims=True)  # B, 1
+    dropped = mx.minimum(dropped, logprobs.shape[-1] - 1)  # a row of -inf keeps its max
+    threshold = mx.take_along_axis(ascending, dropped, axis=-1)  # B, 1
+    return mx.where(logprobs >= threshold, logprobs, -mx.inf)
+    # END SOLUTION
+
+
+def make_sampler(
+    temp: float = 0.0,
+    top_p: float | None = 0.0,
+    top_k: int | None = 0,
+    *,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+) -> Sampler:
+    """A function `logprobs [B, V] -> tokens [B]`.
+
+    `temp == 0` picks the argmax (the lowest index on ties). Otherwise the filters run in
+    llama.cpp's order, each on what the previous one left: top-k, top-p, min-p; then the
+    survivors are divided by `temp` and one token is drawn per row with
+    `mx.random.categorical`. `top_p` and `top_k` of 0 or None, `top_p = 1` and `min_p = 0`
+    switch a filter off. Arguments are checked here, before anything runs.
+    """
+    temp = check_float("temp", temp, minimum=0.0)
+    top_p = 0.0 if top_p is None else check_float("top_p", top_p, minimum=0.0, maximum=1.0)
+    top_k = 0 if top_k is None else check_int("top_k", top_k, minimum=0)
+    min_p = check_float("min_p", min_p, minimum=0.0, maximum=1.0)
+    min_tokens_to_keep = check_int("min_tokens_to_keep", min_tokens_to_keep, minimum=1)
+    # BEGIN SOLUTION week1-day7
+    if temp == 0:
+        return lambda logprobs: mx.argmax(logprobs, axis=-1)
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        if top_k > 0:
+            logprobs = keep_top_k(logprobs, top_k)
+        if 0 < top_p < 1:
+            logprobs = keep_top_p(logprobs, top_p)
+        if min_p > 0:
+            logprobs = keep_min_p(logprobs, min_p, min_tokens_to_keep)
+        return mx.random.categorical(logprobs.astype(mx.float32) * (1.0 / temp), axis=-1)
+
+    return sampler
+    # END SOLUTION
