@@ -1,0 +1,185 @@
+"""Week 1, day 6: the generation loop — prefill, decode, stopping, sampler and processors."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, models, pre_tokenizers
+
+import tiny_llm
+from tiny_llm.generate import generate_step, stream_generate
+from tiny_llm.tokenizer import Tokenizer
+
+VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
+V = len(VOCAB)
+EOS = 0
+
+
+def word_tokenizer() -> Tokenizer:
+    """Eight whole-word tokens; token 0 ends the sequence."""
+    backend = Backend(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return Tokenizer(backend, eos_tokens=["<eos>"])
+
+
+class CountingModel:
+    """Fixed rule: the next token is (last token + 1) mod V, with logit 5 against 0.
+
+    Without `make_cache` the loop must feed it the whole sequence; it records what it saw.
+    """
+
+    def __init__(self):
+        self.calls: list[list[int]] = []
+
+    def logits(self, tokens: mx.array) -> mx.array:
+        B, L = tokens.shape
+        nxt = (tokens + 1) % V  # B, L
+        return mx.where(mx.arange(V) == nxt[..., None], 5.0, 0.0)  # B, L, V
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        assert cache is None
+        self.calls.append(tokens[0].tolist())
+        return self.logits(tokens)
+
+
+class CachedCountingModel(CountingModel):
+    """Same rule, with a cache: the loop must feed only the tokens the cache has not seen."""
+
+    def make_cache(self):
+        return [{"seen": 0}]
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        assert cache is not None
+        self.calls.append(tokens[0].tolist())
+        cache[0]["seen"] += tokens.shape[1]
+        return self.logits(tokens)
+
+
+def expected_logprobs(last: int) -> np.ndarray:
+    logits = np.where(np.arange(V) == (last + 1) % V, 5.0, 0.0)
+    return logits - np.log(np.exp(logits).sum())
+
+
+def test_greedy_follows_the_model_and_recomputes_without_cache():
+    """No cache: step n sees prompt + n generated tokens; tokens follow the argmax rule."""
+    model = CountingModel()
+    out = list(generate_step(mx.array([1, 2]), model, max_tokens=3))
+    assert [t for t, _ in out] == [3, 4, 5]
+    assert model.calls == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
+
+
+def test_prefill_then_one_token_per_step_with_a_cache():
+    """With a cache: the prompt once (prefill), then only the newest token (decode)."""
+    model = CachedCountingModel()
+    out = list(generate_step(mx.array([1, 2, 3]), model, max_tokens=3))
+    assert [t for t, _ in out] == [4, 5, 6]
+    assert model.calls == [[1, 2, 3], [4], [5]]
+
+
+def test_yielded_logprobs_are_the_normalised_last_position():
+    """Each step yields log-softmax of the last position's logits, shape [V]."""
+    for token, logprobs in generate_step(mx.array([6]), CountingModel(), max_tokens=2):
+        assert logprobs.shape == (V,)
+        np.testing.assert_allclose(np.array(logprobs), expected_logprobs((token - 1) % V), atol=1e-6)
+
+
+def test_the_given_sampler_is_used():
+    """A sampler that always answers 6 decides every token, and gets logprobs [1, V]."""
+    seen = []
+
+    def sampler(logprobs):
+        seen.append(logprobs.shape)
+        return mx.array([6])
+
+    out = [t for t, _ in generate_step(mx.array([1]), CountingModel(), max_tokens=4, sampler=sampler)]
+    assert out == [6, 6, 6, 6]
+    assert seen == [(1, V)] * 4
+
+
+def test_logits_processors_see_the_whole_history_and_change_the_choice():
+    """Processors get prompt + generated tokens and their output is what the sampler sees."""
+    histories = []
+
+    def boost_seven(tokens, logits):
+        histories.append(tokens.tolist())
+        return logits + 10.0 * (mx.arange(V) == 7)
+
+    model = CachedCountingModel()
+    out = [t for t, _ in generate_step(mx.array([1, 2]), model, max_tokens=3,
+                                       logits_processors=[boost_seven])]
+    assert out == [7, 7, 7]
+    assert histories == [[1, 2], [1, 2, 7], [1, 2, 7, 7]]
+
+
+def test_stream_stops_at_max_tokens():
+    """max_tokens bounds the responses; the last one says 'length' and counts them."""
+    responses = list(stream_generate(CountingModel(), word_tokenizer(), [1], max_tokens=3))
+    assert [r.token for r in responses] == [2, 3, 4]
+    assert [r.finish_reason for r in responses] == [None, None, "length"]
+    assert responses[-1].generation_tokens == 3 and responses[-1].prompt_tokens == 1
+    assert "".join(r.text for r in responses) == "b c d"
+
+
+def test_stream_stops_at_end_of_sequence_without_showing_it():
+    """Reaching the EOS token ends generation with 'stop'; EOS text is not emitted."""
+    responses = list(stream_generate(CachedCountingModel(), word_tokenizer(), "f", max_tokens=10))
+    assert [r.token for r in responses] == [7, EOS]
+    assert responses[-1].finish_reason == "stop"
+    assert "".join(r.text for r in responses) == "g"
+
+
+def test_generate_returns_the_streamed_text_and_accepts_every_prompt_form():
+    """generate() joins the stream; a string, a list and an mx.array prompt agree."""
+    tok = word_tokenizer()
+    texts = {tiny_llm.generate(CountingModel(), tok, p, max_tokens=4) for p in ("c", [3], mx.array([3]))}
+    assert texts == {"d e f g"}
+
+
+def test_statistics_are_filled_in():
+    """Each response carries the prompt size, rates, time to first token and peak memory."""
+    responses = list(stream_generate(CountingModel(), word_tokenizer(), [1, 2, 3], max_tokens=4))
+    last = responses[-1]
+    assert last.prompt_tokens == 3 and last.generation_tokens == 4
+    assert last.prompt_tps > 0 and last.time_to_first_token > 0 and last.generation_tps > 0
+    assert last.peak_memory >= 0 and last.from_draft is False
+
+
+@pytest.mark.parametrize("prompt, max_tokens, match", [
+    ([1], 0, "max_tokens must be positive or -1"),
+    ([1], -2, r"max_tokens must be in \[-1, inf\), got -2"),
+    ([], 4, "prompt must be a non-empty sequence"),
+    ("", 4, "prompt must be a non-empty sequence"),
+])
+def test_bad_arguments_are_reported(prompt, max_tokens, match):
+    with pytest.raises(ValueError, match=match):
+        next(stream_generate(CountingModel(), word_tokenizer(), prompt, max_tokens=max_tokens))
+
+
+# ---- the real default model -----------------------------------------------------------------
+
+PROMPTS = ["def fibonacci(n):", "Once upon a time, in a small village,"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_generation_matches_mlx_lm(default_model, reference_default_model, prompt):
+    """48 greedy tokens of the default model equal mlx_lm.stream_generate's, token for token."""
+    import mlx_lm
+
+    model, tokenizer = default_model
+    ref_model, ref_tokenizer = reference_default_model
+    ids = tokenizer.encode(prompt)
+    ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, ids, max_tokens=48)]
+    theirs = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, ids, max_tokens=48)]
+    assert len(ours) == 48
+    assert ours == theirs
+
+
+def test_chat_answer_from_the_default_model(default_model):
+    """With the chat template, the model answers a factual question correctly."""
+    model, tokenizer = default_model
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    responses = list(tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=20))
+    text = "".join(r.text for r in responses)
+    assert "Paris" in text
+    assert responses[-1].finish_reason == "stop"

@@ -1,0 +1,238 @@
+"""Week 1, day 7: make_sampler — greedy, temperature, top-k, top-p (and min-p), batched."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from tiny_llm.sampler import keep_top_k, keep_top_p, make_sampler
+
+# Tests that compare sampled frequencies with expected probabilities use a chi-square test
+# at this false-alarm rate (with fixed seeds the outcome is deterministic; the rate says
+# how unlucky a seed would have to be for correct code to fail).
+FALSE_ALARM = 1e-4
+
+
+def log(p) -> mx.array:
+    return mx.log(mx.array(p, dtype=mx.float32))
+
+
+def reference_filter(logprobs: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """Straightforward per-row version of the chain: top-k (ties kept), top-p over the
+    renormalised survivors (ties kept), min-p. Returns the boolean mask of kept tokens."""
+    keep = np.ones_like(logprobs, dtype=bool)
+    for r, row in enumerate(logprobs):
+        k = np.isfinite(row)
+        if 0 < top_k < len(row):
+            kth = np.sort(row)[::-1][top_k - 1]
+            k &= row >= kth
+        if 0 < top_p < 1:
+            p = np.where(k, np.exp(row - row[k].max()), 0.0)
+            p /= p.sum()
+            order = np.argsort(-p, kind="stable")
+            mass_before = np.cumsum(p[order]) - p[order]
+            last = order[mass_before < top_p][-1]
+            k &= row >= row[last]
+        if min_p > 0:
+            k &= row >= row[k].max() + math.log(min_p)
+        keep[r] = k
+    return keep
+
+
+# Four rows with different shapes: peaked, flat with ties, two-humped, and a long tail.
+# The top_p values used with them stay clear of the rows' cumulative sums (0.5, 0.7, 0.8,
+# 0.9 ...): exactly at a boundary the outcome depends on the last bit of float rounding,
+# which test_top_p_boundary_* pins down with exactly representable probabilities.
+ROWS = np.log(np.array([
+    [0.50, 0.20, 0.10, 0.08, 0.06, 0.04, 0.01, 0.01],
+    [0.15, 0.15, 0.15, 0.15, 0.10, 0.10, 0.10, 0.10],
+    [0.02, 0.30, 0.02, 0.02, 0.30, 0.14, 0.10, 0.10],
+    [0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.65],
+], dtype=np.float32))
+
+
+# ---- greedy ---------------------------------------------------------------------------
+
+
+def test_temperature_zero_is_argmax_per_row():
+    """temp=0 returns each row's most likely token."""
+    sampler = make_sampler(0.0)
+    assert sampler(mx.array(ROWS)).tolist() == [0, 0, 1, 7]
+
+
+def test_greedy_ties_go_to_the_lowest_index():
+    """Equal maxima pick the first of them, as llama.cpp and mlx-lm do."""
+    sampler = make_sampler(temp=0)
+    logits = mx.array([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
+    assert sampler(logits).tolist() == [1, 0]
+
+
+# ---- the filters, exactly -------------------------------------------------------------
+
+
+def test_top_k_keeps_exactly_the_k_largest_per_row():
+    """keep_top_k on rows whose largest entries sit at different positions."""
+    logprobs = mx.array([[0.0, -1.0, -2.0, -3.0], [-3.0, -2.0, -1.0, 0.0]])
+    out = keep_top_k(logprobs, 2)
+    expected = [[0.0, -1.0, -math.inf, -math.inf], [-math.inf, -math.inf, -1.0, 0.0]]
+    assert out.tolist() == expected
+
+
+def test_top_k_keeps_ties_with_the_kth_value():
+    """Every token tied with the k-th largest survives (row 1 of ROWS has four 0.15s)."""
+    out = keep_top_k(mx.array(ROWS), 2)
+    kept = np.isfinite(np.array(out))
+    assert kept[1].tolist() == [True, True, True, True, False, False, False, False]
+    assert kept[2].tolist() == [False, True, False, False, True, False, False, False]
+
+
+@pytest.mark.parametrize("k", [8, 9, 1000])
+def test_top_k_at_or_above_vocabulary_is_a_no_op(k):
+    """k >= V keeps everything."""
+    assert mx.array_equal(keep_top_k(mx.array(ROWS), k), mx.array(ROWS))
+
+
+def test_top_p_hand_worked_example():
+    """p = {.4, .3, .2, .1}, top_p = 0.6: .4 < .6 so .3 is needed too; .7 >= .6 stops."""
+    out = keep_top_p(log([[0.1, 0.2, 0.3, 0.4]]), 0.6)
+    assert np.isfinite(np.array(out)).tolist() == [[False, False, True, True]]
+
+
+def test_top_p_boundary_is_inclusive_of_the_token_that_reaches_p():
+    """Mass exactly reaching p: {.5, .25, .25} with p = .75 keeps .5 and both .25s (tie)."""
+    out = keep_top_p(log([[0.5, 0.25, 0.25, 0.0]]), 0.75)
+    assert np.isfinite(np.array(out)).tolist() == [[True, True, True, False]]
+
+
+def test_top_p_renormalises_after_top_k():
+    """After top-2 of {.1,.2,.3,.4} the survivors are {.43,.57}: top_p .5 keeps only .57.
+    (mlx-lm, which runs top-p on the full distribution first, would keep both.)"""
+    x = keep_top_p(keep_top_k(log([[0.1, 0.2, 0.3, 0.4]]), 2), 0.5)
+    assert np.isfinite(np.array(x)).tolist() == [[False, False, False, True]]
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p", [
+    (0, 0.92, 0.0), (3, 0.0, 0.0), (3, 0.72, 0.0), (0, 0.55, 0.0), (5, 0.95, 0.2), (1, 0.9, 0.0),
+    (0, 0.0, 0.3),
+])
+def test_filters_match_a_row_by_row_reference(top_k, top_p, min_p):
+    """The chain's surviving set equals a plain per-row reference on all four rows."""
+    x = mx.array(ROWS)
+    if top_k:
+        x = keep_top_k(x, top_k)
+    if top_p:
+        x = keep_top_p(x, top_p)
+    if min_p:
+        from tiny_llm.sampler.filters import keep_min_p
+
+        x = keep_min_p(x, min_p)
+    expected = reference_filter(ROWS, top_k, top_p, min_p)
+    assert np.isfinite(np.array(x)).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_filters_accept_half_precision(dtype):
+    """float16/bfloat16 logprobs give the same surviving set as float32."""
+    x = mx.array(ROWS)
+    for f in (lambda a: keep_top_k(a, 3), lambda a: keep_top_p(a, 0.83)):
+        assert mx.array_equal(mx.isfinite(f(x.astype(dtype))), mx.isfinite(f(x)))
+
+
+# ---- sampling ----------------------------------------------------------------------------
+
+
+def draw(sampler, logprobs: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """n draws per row: the batch is each row repeated n times. Returns [rows, n]."""
+    mx.random.seed(seed)
+    batch = mx.repeat(mx.array(logprobs), n, axis=0)  # rows * n, V
+    return np.array(sampler(batch)).reshape(len(logprobs), n)
+
+
+@pytest.mark.parametrize("top_k, top_p, min_p", [(3, 0.0, 0.0), (0, 0.72, 0.0), (4, 0.83, 0.0), (0, 0.0, 0.3)])
+def test_drawable_set_equals_the_filtered_set(top_k, top_p, min_p):
+    """Over 3000 draws per row every kept token appears and no dropped token ever does."""
+    sampler = make_sampler(1.0, top_p=top_p, top_k=top_k, min_p=min_p)
+    draws = draw(sampler, ROWS, 3000, seed=1)
+    expected = reference_filter(ROWS, top_k, top_p, min_p)
+    for r in range(len(ROWS)):
+        assert set(np.unique(draws[r]).tolist()) == set(np.flatnonzero(expected[r]).tolist())
+
+
+@pytest.mark.parametrize("temp, top_k, top_p", [(1.0, 0, 0.0), (0.7, 4, 0.0), (1.5, 0, 0.83), (0.5, 5, 0.91)])
+def test_frequencies_match_the_filtered_tempered_distribution(temp, top_k, top_p):
+    """Chi-square: counts over 8000 draws per row fit softmax(kept logprobs / temp)."""
+    sampler = make_sampler(temp, top_p=top_p, top_k=top_k)
+    draws = draw(sampler, ROWS, 8000, seed=2)
+    keep = reference_filter(ROWS, top_k, top_p, 0.0)
+    for r in range(len(ROWS)):
+        logits = np.where(keep[r], ROWS[r] / temp, -np.inf)
+        p = np.exp((logits - logits.max()).astype(np.float64))
+        p /= p.sum()
+        observed = np.bincount(draws[r], minlength=8)[keep[r]]
+        expected = p[keep[r]] / p[keep[r]].sum() * observed.sum()
+        result = chisquare(observed, expected)
+        assert result.pvalue > FALSE_ALARM, (r, observed, p)
+        assert observed.sum() == draws.shape[1]  # nothing outside the kept set
+
+
+def test_low_temperature_concentrates_on_the_top_token():
+    """temp = 0.05 on row 0 (p_max .5 vs .2): the top token wins essentially always."""
+    draws = draw(make_sampler(0.05), ROWS[:1], 2000, seed=3)
+    assert (draws == 0).all()
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    """Seeding the global generator makes draws reproducible; another seed changes them."""
+    sampler = make_sampler(1.0, top_p=0.95)
+    a, b, c = draw(sampler, ROWS, 50, 7), draw(sampler, ROWS, 50, 7), draw(sampler, ROWS, 50, 8)
+    assert (a == b).all()
+    assert (a != c).any()
+
+
+def test_batch_rows_use_their_own_distribution():
+    """Rows whose nuclei are disjoint never borrow each other's tokens (no union masking)."""
+    logprobs = log([[0.9, 0.05, 0.05, 0.0], [0.0, 0.05, 0.05, 0.9]])
+    draws = draw(make_sampler(1.0, top_k=1), np.array(logprobs), 200, seed=4)
+    assert (draws[0] == 0).all() and (draws[1] == 3).all()
+
+
+@pytest.mark.parametrize("top_p", [0.0, None, 1.0])
+def test_top_p_zero_none_and_one_are_off(top_p):
+    """top_p of 0, None or 1 leaves the distribution whole: the rare tokens still appear."""
+    draws = draw(make_sampler(1.0, top_p=top_p, top_k=None), ROWS[:1], 4000, seed=5)
+    assert set(np.unique(draws).tolist()) == set(range(8))
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_sampler_accepts_half_precision(dtype):
+    """Half-precision logprobs sample only from the filtered set."""
+    sampler = make_sampler(0.8, top_k=3, top_p=0.9)
+    mx.random.seed(6)
+    batch = mx.repeat(mx.array(ROWS).astype(dtype), 500, axis=0)
+    draws = np.array(sampler(batch)).reshape(4, 500)
+    expected = reference_filter(ROWS, 3, 0.9, 0.0)
+    for r in range(4):
+        assert set(np.unique(draws[r]).tolist()) <= set(np.flatnonzero(expected[r]).tolist())
+
+
+# ---- bad arguments --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temp=-0.5), r"temp must be in \[0.0, inf\), got -0.5"),
+    (dict(temp=float("nan")), "temp must be a number, got nan"),
+    (dict(temp=0.7, top_p=1.5), r"top_p must be in \[0.0, 1.0\], got 1.5"),
+    (dict(temp=0.7, top_p=-0.1), r"top_p must be in \[0.0, 1.0\], got -0.1"),
+    (dict(temp=0.7, top_p=float("nan")), "top_p must be a number, got nan"),
+    (dict(temp=0.7, top_k=2.5), "top_k must be an integer, got 2.5"),
+    (dict(temp=0.7, top_k=-1), r"top_k must be in \[0, inf\), got -1"),
+    (dict(temp=0.7, top_k=True), "top_k must be an integer, got True"),
+    (dict(temp=0.7, min_p=2.0), r"min_p must be in \[0.0, 1.0\], got 2.0"),
+    (dict(temp=0.7, min_tokens_to_keep=0), r"min_tokens_to_keep must be in \[1, inf\), got 0"),
+])
+def test_bad_arguments_raise_when_the_sampler_is_made(kwargs, match):
+    """make_sampler checks its arguments itself, before any sampling runs."""
+    with pytest.raises(ValueError, match=match):
+        make_sampler(**kwargs)
