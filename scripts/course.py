@@ -1,0 +1,102 @@
+"""The course's days, their test files, and which earlier days each one builds on."""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Day -> the days whose solutions its tests need (directly; dependencies are transitive).
+DEPENDS: dict[str, tuple[str, ...]] = {
+    "week1-day1": (),
+    "week1-day2": (),
+    "week1-day3": ("week1-day1", "week1-day2"),  # attention uses softmax, linear and RoPE
+    "week1-day4": ("week1-day1",),  # the MLP uses linear
+    "week1-day5": ("week1-day3", "week1-day4"),  # the whole model
+    "week1-day6": ("week1-day5",),  # generation with the real model
+    "week1-day7": (),
+}
+DAYS = tuple(DEPENDS)
+
+BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<day>\S+)\s*$")
+END = re.compile(r"^\s*# END SOLUTION\s*$")
+
+
+def test_file(day: str) -> str:
+    week, d = day.split("-")
+    return f"tests/test_{week}_{d}.py"
+
+
+def depends_on(day: str, other: str) -> bool:
+    """True when `day`'s tests need `other`'s solution, directly or through other days."""
+    pending, seen = list(DEPENDS[day]), set()
+    while pending:
+        d = pending.pop()
+        if d == other:
+            return True
+        if d not in seen:
+            seen.add(d)
+            pending.extend(DEPENDS[d])
+    return False
+
+
+class MarkerError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Region:
+    day: str
+    begin: int  # 0-based line index of the BEGIN marker
+    end: int  # 0-based line index of the END marker
+    indent: str
+    name: str  # the enclosing function, e.g. "RoPE.__call__"
+
+
+def find_regions(path: Path, lines: list[str]) -> list[Region]:
+    """The solution regions of one file; MarkerError names the file and line of any fault."""
+    regions, open_at = [], None
+    for i, line in enumerate(lines):
+        if m := BEGIN.match(line):
+            if open_at is not None:
+                raise MarkerError(f"{path}:{i + 1}: BEGIN SOLUTION inside the region opened at line {open_at[0] + 1}")
+            if m["day"] not in DEPENDS:
+                raise MarkerError(f"{path}:{i + 1}: unknown day {m['day']!r} (known: {', '.join(DAYS)})")
+            open_at = (i, m["day"], m["indent"])
+        elif END.match(line):
+            if open_at is None:
+                raise MarkerError(f"{path}:{i + 1}: END SOLUTION without a BEGIN SOLUTION")
+            begin, day, indent = open_at
+            regions.append(Region(day, begin, i, indent, _enclosing(lines, begin, indent)))
+            open_at = None
+    if open_at is not None:
+        raise MarkerError(f"{path}:{open_at[0] + 1}: BEGIN SOLUTION is never closed")
+    return regions
+
+
+def _enclosing(lines: list[str], at: int, indent: str) -> str:
+    """Qualified name of the function (and class) around line `at`."""
+    names, level = [], len(indent)
+    for line in reversed(lines[:at]):
+        stripped = line.lstrip()
+        width = len(line) - len(stripped)
+        if stripped.startswith(("def ", "class ")) and width < level:
+            names.append(re.split(r"[(:\s]", stripped.split(None, 1)[1])[0])
+            level = width
+            if width == 0:
+                break
+    return ".".join(reversed(names)) or "this code"
+
+
+def strip_source(path: Path, text: str, days: set[str]) -> str:
+    """`text` with each region of `days` replaced by `raise NotImplementedError(...)`."""
+    lines = text.splitlines(keepends=True)
+    out, last = [], 0
+    for r in find_regions(path, lines):
+        if r.day not in days:
+            continue
+        out.extend(lines[last : r.begin])
+        out.append(f'{r.indent}raise NotImplementedError("{r.day}: implement {r.name}")\n')
+        last = r.end + 1
+    out.extend(lines[last:])
+    return "".join(out)
