@@ -5,6 +5,10 @@ import importlib
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten, tree_map
+from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, models, pre_tokenizers
+
+from tiny_llm.tokenizer import Tokenizer
 
 TINY_CONFIGS = {
     # GQA ratio 2, untied head, Qwen2 q/k/v biases.
@@ -76,4 +80,52 @@ def reference_default_model(default_model_dir):
     return mlx_lm.load(str(default_model_dir))
 
 
-__all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map"]
+VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
+V = len(VOCAB)
+EOS = 0
+
+
+def word_tokenizer() -> Tokenizer:
+    """Eight whole-word tokens; token 0 ends the sequence."""
+    backend = Backend(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return Tokenizer(backend, eos_tokens=["<eos>"])
+
+
+class CountingModel:
+    """Fixed rule: the next token is (last token + 1) mod V, with logit 5 against 0.
+
+    Without `make_cache` the loop must feed it the whole sequence; it records what it saw.
+    """
+
+    def __init__(self):
+        self.calls: list[list[int]] = []
+
+    def logits(self, tokens: mx.array) -> mx.array:
+        B, L = tokens.shape
+        nxt = (tokens + 1) % V  # B, L
+        return mx.where(mx.arange(V) == nxt[..., None], 5.0, 0.0)  # B, L, V
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        assert cache is None
+        self.calls.append(tokens[0].tolist())
+        return self.logits(tokens)
+
+
+class CachedCountingModel(CountingModel):
+    """Same rule, with a cache: the loop must feed only the tokens the cache has not seen."""
+
+    def make_cache(self):
+        return [{"seen": 0}]
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        assert cache is not None
+        self.calls.append(tokens[0].tolist())
+        cache[0]["seen"] += tokens.shape[1]
+        return self.logits(tokens)
+
+
+
+__all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map", "VOCAB", "V", "EOS",
+           "word_tokenizer", "CountingModel", "CachedCountingModel"]

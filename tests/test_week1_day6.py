@@ -3,57 +3,10 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from tokenizers import Tokenizer as Backend
-from tokenizers import decoders, models, pre_tokenizers
+from conftest import EOS, V, CachedCountingModel, CountingModel, word_tokenizer
 
 import tiny_llm
 from tiny_llm.generate import generate_step, stream_generate
-from tiny_llm.tokenizer import Tokenizer
-
-VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
-V = len(VOCAB)
-EOS = 0
-
-
-def word_tokenizer() -> Tokenizer:
-    """Eight whole-word tokens; token 0 ends the sequence."""
-    backend = Backend(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<eos>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return Tokenizer(backend, eos_tokens=["<eos>"])
-
-
-class CountingModel:
-    """Fixed rule: the next token is (last token + 1) mod V, with logit 5 against 0.
-
-    Without `make_cache` the loop must feed it the whole sequence; it records what it saw.
-    """
-
-    def __init__(self):
-        self.calls: list[list[int]] = []
-
-    def logits(self, tokens: mx.array) -> mx.array:
-        B, L = tokens.shape
-        nxt = (tokens + 1) % V  # B, L
-        return mx.where(mx.arange(V) == nxt[..., None], 5.0, 0.0)  # B, L, V
-
-    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
-        assert cache is None
-        self.calls.append(tokens[0].tolist())
-        return self.logits(tokens)
-
-
-class CachedCountingModel(CountingModel):
-    """Same rule, with a cache: the loop must feed only the tokens the cache has not seen."""
-
-    def make_cache(self):
-        return [{"seen": 0}]
-
-    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
-        assert cache is not None
-        self.calls.append(tokens[0].tolist())
-        cache[0]["seen"] += tokens.shape[1]
-        return self.logits(tokens)
 
 
 def expected_logprobs(last: int) -> np.ndarray:
@@ -143,17 +96,6 @@ def test_statistics_are_filled_in():
     assert last.prompt_tokens == 3 and last.generation_tokens == 4
     assert last.prompt_tps > 0 and last.time_to_first_token > 0 and last.generation_tps > 0
     assert last.peak_memory >= 0 and last.from_draft is False
-
-
-@pytest.mark.parametrize("prompt, max_tokens, match", [
-    ([1], 0, "max_tokens must be positive or -1"),
-    ([1], -2, r"max_tokens must be in \[-1, inf\), got -2"),
-    ([], 4, "prompt must be a non-empty sequence"),
-    ("", 4, "prompt must be a non-empty sequence"),
-])
-def test_bad_arguments_are_reported(prompt, max_tokens, match):
-    with pytest.raises(ValueError, match=match):
-        next(stream_generate(CountingModel(), word_tokenizer(), prompt, max_tokens=max_tokens))
 
 
 # ---- the real default model -----------------------------------------------------------------

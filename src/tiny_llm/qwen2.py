@@ -253,9 +253,9 @@ class Qwen2Model:
         Without a cache the tokens are the whole sequence. With `cache` (from `make_cache`)
         they continue what the cache holds, and the cache is extended by them.
         """
+        # BEGIN SOLUTION week1-day5
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
-        # BEGIN SOLUTION week1-day5
         B, L = tokens.shape
         offset = cache[0].offset if cache else 0
         h = self.embed_tokens(tokens)  # B, L, E

@@ -1,0 +1,127 @@
+"""Course mechanics: the starter generator, its marker checks, and the grader."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from course import MarkerError, find_regions, strip_source  # noqa: E402
+from grade import main as grade_main  # noqa: E402
+from make_starter import main as starter_main  # noqa: E402
+
+SCHEMA = json.loads((ROOT / "scripts" / "gradescope_results.schema.json").read_text())
+
+SOURCE = '''\
+class Box:
+    def area(self, w: int, h: int) -> int:
+        """Width times height."""
+        # BEGIN SOLUTION week1-day1
+        return w * h
+        # END SOLUTION
+
+
+def twice(x):
+    # BEGIN SOLUTION week1-day2
+    y = x + x
+    return y
+    # END SOLUTION
+'''
+
+
+def test_strip_replaces_only_the_chosen_days_with_their_indentation():
+    """Day 1's region becomes a raise naming the day and method; day 2's stays."""
+    out = strip_source(Path("m.py"), SOURCE, {"week1-day1"})
+    assert '        raise NotImplementedError("week1-day1: implement Box.area")\n' in out
+    assert "return w * h" not in out and "y = x + x" in out
+    assert '"""Width times height."""' in out  # signatures and docstrings stay
+    compile(out, "m.py", "exec")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("# BEGIN SOLUTION week1-day1\nx = 1\n", r"m.py:1: BEGIN SOLUTION is never closed"),
+    ("x = 1\n# END SOLUTION\n", r"m.py:2: END SOLUTION without a BEGIN SOLUTION"),
+    ("# BEGIN SOLUTION week1-day1\n# BEGIN SOLUTION week1-day2\n# END SOLUTION\n# END SOLUTION\n",
+     r"m.py:2: BEGIN SOLUTION inside the region opened at line 1"),
+    ("# BEGIN SOLUTION week9-day9\n# END SOLUTION\n", r"m.py:1: unknown day 'week9-day9'"),
+])
+def test_bad_markers_name_the_file_and_line(text, match):
+    with pytest.raises(MarkerError, match=match):
+        find_regions(Path("m.py"), text.splitlines(keepends=True))
+
+
+def test_unknown_day_on_the_command_line_is_an_error(tmp_path, capsys):
+    assert starter_main([str(tmp_path / "s"), "--days", "week1-day1,week7-day1"]) == 2
+    assert "unknown day(s) week7-day1" in capsys.readouterr().err
+
+
+def test_starter_keeps_tests_and_fails_them_with_the_day_messages(tmp_path):
+    """A full starter: no solution is left, and day 1's tests fail with its message."""
+    dest = tmp_path / "starter"
+    assert starter_main([str(dest)]) == 0
+    sources = "".join(p.read_text() for p in (dest / "src").rglob("*.py"))
+    assert "BEGIN SOLUTION" not in sources
+    assert 'raise NotImplementedError("week1-day1: implement softmax")' in sources
+    assert (dest / "tests" / "test_week1_day1.py").read_text() == (ROOT / "tests" / "test_week1_day1.py").read_text()
+    assert not (dest / "scripts" / "make_starter.py").exists()  # instructor-only
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_week1_day1.py"],
+        cwd=dest, env={"PYTHONPATH": str(dest / "src"), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 1
+    assert "NotImplementedError: week1-day1: implement softmax" in run.stdout
+
+
+def test_grader_scores_a_complete_day_and_writes_valid_json(tmp_path, capsys):
+    """Grading this tree's day 1: full marks, and results.json matches the schema."""
+    out = tmp_path / "results.json"
+    assert grade_main(["--days", "week1-day1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "week1-day1" in table and "10.00 / 10.00" in table
+    report = json.loads(out.read_text())
+    jsonschema.validate(report, SCHEMA)
+    assert report["score"] == pytest.approx(10.0)
+    assert all(t["status"] == "passed" for t in report["tests"])
+
+
+def test_grader_survives_a_starter_and_a_crashing_test(tmp_path, capsys):
+    """Unimplemented code scores 0 with its message; a test that kills the process is a
+    failed test, not a crashed grader."""
+    dest = tmp_path / "starter"
+    starter_main([str(dest), "--days", "week1-day1"])
+    crash = dest / "tests" / "test_week1_day2.py"
+    crash.write_text("import os\n\ndef test_fine():\n    assert True\n\ndef test_dies():\n    os._exit(3)\n")
+    out = tmp_path / "results.json"
+    assert grade_main(["--root", str(dest), "--days", "week1-day1,week1-day2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    jsonschema.validate(report, SCHEMA)
+    day1 = [t for t in report["tests"] if t["name"].startswith("week1-day1")]
+    assert day1 and all(t["score"] == 0 for t in day1)
+    assert any("week1-day1: implement" in t["output"] for t in day1)
+    day2 = {t["name"]: t for t in report["tests"] if t["name"].startswith("week1-day2")}
+    assert day2["week1-day2: test_dies"]["score"] == 0
+    assert "ended abnormally" in day2["week1-day2: test_dies"]["output"]
+    assert day2["week1-day2: test_fine"]["score"] == pytest.approx(5.0)  # half of day 2's 10 points
+
+
+def test_grader_reports_a_syntax_error_as_a_failed_day(tmp_path):
+    """Code that does not even import gives one failed entry that shows the error."""
+    dest = tmp_path / "starter"
+    starter_main([str(dest), "--days", "week1-day1"])
+    (dest / "src" / "tiny_llm" / "basics.py").write_text("def softmax(:\n")
+    out = tmp_path / "results.json"
+    assert grade_main(["--root", str(dest), "--days", "week1-day1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    jsonschema.validate(report, SCHEMA)
+    assert len(report["tests"]) == 1 and report["tests"][0]["score"] == 0
+    assert "SyntaxError" in report["tests"][0]["output"]
+
+
+def test_grader_rejects_unknown_days(capsys):
+    assert grade_main(["--days", "week5-day1"]) == 2
+    assert "unknown day(s) week5-day1" in capsys.readouterr().err
