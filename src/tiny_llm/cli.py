@@ -1,6 +1,7 @@
 """The `tiny-llm` command line: `generate`, `chat` and `smoke`."""
 
 import argparse
+import re
 import sys
 
 import mlx.core as mx
@@ -39,20 +40,33 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
 def _sampling(args: argparse.Namespace):
     """Sampler and logits processors from the flags; bad values become a UserError."""
     from .sampler import make_logits_processors, make_sampler
+    from .sampler.checks import check_float
 
     if args.max_tokens == 0 or args.max_tokens < -1:
         raise UserError(f"--max-tokens must be positive or -1 (no limit), got {args.max_tokens}")
     try:
+        if args.repetition_penalty is not None:
+            check_float("repetition_penalty", args.repetition_penalty, minimum=0.0, min_open=True)
         sampler = make_sampler(args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
         processors = make_logits_processors(
             repetition_penalty=args.repetition_penalty,
             repetition_context_size=args.repetition_context_size,
         )
     except ValueError as e:
-        raise UserError(str(e).replace("repetition_penalty", "--repetition-penalty")) from None
+        raise UserError(_flag_names(str(e))) from None
     if args.seed is not None:
         mx.random.seed(args.seed)
     return sampler, processors
+
+
+_FLAGS = ("temp", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _flag_names(message: str) -> str:
+    """Speak of `--top-p`, not `top_p`: the user typed flags."""
+    message = message.replace("repetition_penalty context_size", "--repetition-context-size")
+    pattern = r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])"
+    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def _load(args: argparse.Namespace):
@@ -157,7 +171,7 @@ def _smoke(args: argparse.Namespace) -> None:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit status 2, no usage dump
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"tiny-llm: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 

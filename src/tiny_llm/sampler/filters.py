@@ -7,7 +7,9 @@ import mlx.core as mx
 
 def keep_min_p(logprobs: mx.array, min_p: float, min_tokens_to_keep: int = 1) -> mx.array:
     """Keep tokens with `p >= min_p * p_max` in each row, and at least the
-    `min_tokens_to_keep` most likely ones."""
+    `min_tokens_to_keep` most likely ones. `min_p <= 0` keeps everything."""
+    if min_p <= 0:
+        return logprobs
     threshold = mx.max(logprobs, axis=-1, keepdims=True) + math.log(min_p)  # B, 1
     keep = logprobs >= threshold
     if min_tokens_to_keep > 1:

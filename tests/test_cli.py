@@ -1,0 +1,223 @@
+"""The `tiny-llm` command line: user errors, `generate`, `chat` and `smoke` on the default model.
+
+Most cases call the entry point `tiny_llm.cli.main(argv)` in-process; `chat` runs once as
+`python -m tiny_llm` with standard input from a pipe. The default model decodes a few tokens
+per second on a slow CPU, so every run keeps `--max-tokens` small and runs are shared.
+"""
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tiny_llm.cli import main
+
+PROMPT = "What is the capital of France?"
+# A model that does not exist: a flag error that slipped through would otherwise load the
+# default model and generate; with it such a test fails at once (flags are checked first).
+NO_MODEL = ["--model", "/nonexistent/model"]
+
+
+def run_main(argv: list[str]) -> int:
+    """The exit status of `main(argv)`: its return value, or the code argparse exits with."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def run_captured(argv: list[str]) -> tuple[int, str, str]:
+    """`(status, stdout, stderr)` of one in-process run (for runs shared by several tests,
+    where the function-scoped `capsys` cannot be used)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = run_main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+def assert_user_error(status: int, out: str, err: str, *fragments: str) -> str:
+    """Exit status 2, nothing on stdout, exactly one 'tiny-llm: error:' line on stderr naming
+    every fragment (the flag and the bad value), and no traceback."""
+    assert status == 2, err
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tiny-llm: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# User errors
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["generate", "--prompt", ""], ["--prompt", "empty"]),
+        (["generate", "--prompt", "   "], ["--prompt", "empty"]),
+        (["generate", "--prompt", PROMPT, "--temp", "-1", *NO_MODEL], ["--temp", "-1"]),
+        (["generate", "--prompt", PROMPT, "--temp", "nan", *NO_MODEL], ["--temp", "nan"]),
+        (["generate", "--prompt", PROMPT, "--top-p", "1.5", *NO_MODEL], ["--top-p", "1.5"]),
+        (["generate", "--prompt", PROMPT, "--top-k", "-3", *NO_MODEL], ["--top-k", "-3"]),
+        (["generate", "--prompt", PROMPT, "--min-p", "2", *NO_MODEL], ["--min-p", "2"]),
+        (["generate", "--prompt", PROMPT, "--repetition-penalty", "0", *NO_MODEL],
+         ["--repetition-penalty", "0"]),
+        (["generate", "--prompt", PROMPT, "--max-tokens", "0", *NO_MODEL], ["--max-tokens", "0"]),
+        (["generate", "--prompt", PROMPT, *NO_MODEL], ["/nonexistent/model"]),
+        (["generate", "--prompt", PROMPT, "--bogus"], ["--bogus"]),
+        (["generate", "--prompt", PROMPT, "--temp", "abc"], ["--temp", "abc"]),
+        (["chat", "--top-p", "1.5", *NO_MODEL], ["--top-p", "1.5"]),
+        (["chat", *NO_MODEL], ["/nonexistent/model"]),
+        (["smoke", "--prompt", ""], ["--prompt", "empty"]),
+        (["smoke", "--prompt", PROMPT, "--top", "0", *NO_MODEL], ["--top", "0"]),
+    ],
+    ids=[
+        "empty-prompt", "blank-prompt", "temp-negative", "temp-nan", "top-p-1.5", "top-k-negative",
+        "min-p-2", "repetition-penalty-0", "max-tokens-0", "unknown-model", "unknown-flag",
+        "temp-not-a-number", "chat-top-p-1.5", "chat-unknown-model", "smoke-empty-prompt",
+        "smoke-top-0",
+    ],
+)
+def test_user_error_is_one_line_and_status_2(argv, fragments, capsys):
+    """A bad command line prints one 'tiny-llm: error:' line naming the flag and value, exit 2."""
+    status = run_main(argv)
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_empty_standard_input_is_a_user_error(monkeypatch, capsys):
+    """`generate` without --prompt reads standard input; an empty one is a one-line error."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    status = run_main(["generate", *NO_MODEL])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err, "--prompt", "empty")
+
+
+# ---------------------------------------------------------------------------------------------
+# generate
+
+
+@pytest.fixture(scope="module")
+def greedy_run():
+    """One greedy `generate --verbose` run, shared by the tests reading its stdout and stderr."""
+    return run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "12", "--verbose"])
+
+
+def test_generate_greedy_answers_paris(greedy_run):
+    """Greedy `generate` prints a reply naming Paris on stdout, nothing else, and exits 0."""
+    status, out, err = greedy_run
+    assert status == 0, err
+    assert "Paris" in out
+    assert out.endswith("\n") and out.count("\n") == 1  # the reply, then one newline
+    assert "Traceback" not in err
+
+
+def test_generate_verbose_prints_stats_to_stderr(greedy_run):
+    """--verbose adds prompt tokens, tokens/s and peak memory lines on stderr, not stdout."""
+    status, out, err = greedy_run
+    assert status == 0
+    prompt = re.search(r"^prompt: (\d+) tokens, ([\d.]+) tokens/s", err, re.M)
+    generation = re.search(r"^generation: (\d+) tokens, ([\d.]+) tokens/s", err, re.M)
+    memory = re.search(r"^peak memory: ([\d.]+) GB$", err, re.M)
+    assert prompt and generation and memory, err
+    assert int(prompt.group(1)) > len(PROMPT.split())  # the chat template adds tokens
+    assert float(prompt.group(2)) > 0
+    assert 1 <= int(generation.group(1)) <= 12
+    assert float(memory.group(1)) > 0
+    assert "tokens/s" not in out and "peak memory" not in out
+
+
+SAMPLED = [
+    "generate", "--prompt", PROMPT, "--temp", "0.7", "--top-k", "40", "--top-p", "0.95",
+    "--min-p", "0.05", "--repetition-penalty", "1.1", "--max-tokens", "16",
+]
+
+
+@pytest.fixture(scope="module")
+def seed7_run():
+    """One sampled run with --seed 7, shared by the reproducibility and different-seed tests."""
+    return run_captured([*SAMPLED, "--seed", "7"])
+
+
+def test_generate_with_a_seed_is_reproducible(seed7_run, capsys):
+    """Sampling with --seed 7 twice prints the identical text."""
+    status, out, err = seed7_run
+    assert status == 0, err
+    assert out.strip()
+    assert run_main([*SAMPLED, "--seed", "7"]) == 0
+    assert capsys.readouterr().out == out
+
+
+def test_generate_with_another_seed_differs(seed7_run, capsys):
+    """--seed 8 samples a different text than --seed 7 (checked beforehand: they do differ)."""
+    _, out7, _ = seed7_run
+    assert run_main([*SAMPLED, "--seed", "8"]) == 0
+    out8 = capsys.readouterr().out
+    assert out8.strip()
+    assert out8 != out7
+
+
+# ---------------------------------------------------------------------------------------------
+# chat
+
+
+@pytest.fixture(scope="module")
+def chat_run():
+    """`python -m tiny_llm chat` with two questions on a pipe, then end of input.
+
+    A short system message replaces the template's default one: 13 fewer tokens to prefill
+    per turn on a slow CPU."""
+    return subprocess.run(
+        [sys.executable, "-m", "tiny_llm", "chat", "--max-tokens", "12", "--verbose",
+         "--system", "Be brief."],
+        input=f"{PROMPT}\nWhat about Germany?\n",
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_chat_from_a_pipe_answers(chat_run):
+    """`chat` reading a pipe replies to the first line with Paris and exits 0 at end of input."""
+    assert chat_run.returncode == 0, chat_run.stderr
+    assert "Traceback" not in chat_run.stderr
+    replies = chat_run.stdout.splitlines()
+    assert "Paris" in replies[0]
+    assert ">>" not in chat_run.stdout  # no prompt marker when standard input is not a terminal
+
+
+def test_chat_keeps_the_conversation(chat_run):
+    """Two lines give two replies; the second sees the first exchange ('What about Germany?'
+    alone does not name Berlin) and its prompt is longer by the whole first exchange."""
+    assert chat_run.returncode == 0, chat_run.stderr
+    replies = chat_run.stdout.splitlines()
+    assert len(replies) == 2, chat_run.stdout
+    assert "Berlin" in replies[1]
+    prompt_tokens = [int(n) for n in re.findall(r"^prompt: (\d+) tokens", chat_run.stderr, re.M)]
+    assert len(prompt_tokens) == 2
+    assert prompt_tokens[1] > prompt_tokens[0] + 10
+
+
+# ---------------------------------------------------------------------------------------------
+# smoke
+
+
+def test_smoke_prints_the_top_candidates(capsys):
+    """`smoke` on raw text prints the prompt length and the 5 most likely next tokens, most
+    likely first: ' Paris' after 'The capital of France is'."""
+    argv = ["smoke", "--no-chat-template", "--prompt", "The capital of France is"]
+    assert run_main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = re.fullmatch(r"(\d+) prompt tokens; most likely next tokens:", lines[0])
+    assert header and 3 <= int(header.group(1)) <= 8  # raw text: no template tokens
+    rows = [re.fullmatch(r"\s*([\d.]+)%\s+(\d+)\s+(['\"])(.*)\3", line) for line in lines[1:]]
+    assert len(rows) == 5 and all(rows), lines
+    percents = [float(row.group(1)) for row in rows]
+    assert percents == sorted(percents, reverse=True)
+    assert 0 < sum(percents) <= 100.01
+    assert len({row.group(2) for row in rows}) == 5  # five different token ids
+    assert rows[0].group(4) == " Paris" and percents[0] > 50
