@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test check-course book clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Every day's tests fail without that day's solution (and only those).
+check-course: setup
+	$(PY) scripts/check_course.py
+
+book: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml
 
 clean:
 	rm -rf $(VENV)
