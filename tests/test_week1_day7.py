@@ -223,6 +223,7 @@ def test_sampler_accepts_half_precision(dtype):
     # The message must name the argument and the value it got.
     (dict(temp=-0.5), r"temp.*-0\.5"),
     (dict(temp=float("nan")), "temp.*nan"),
+    (dict(temp=float("inf")), "temp.*inf"),
     (dict(temp=0.7, top_p=1.5), r"top_p.*1\.5"),
     (dict(temp=0.7, top_p=-0.1), r"top_p.*-0\.1"),
     (dict(temp=0.7, top_p=float("nan")), "top_p.*nan"),

@@ -118,7 +118,7 @@ def _generate(args: argparse.Namespace) -> None:
     model, tokenizer = _load(args)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
     _, last = _stream(model, tokenizer, text, args, sampler, processors)
-    print()
+    print(flush=True)
     if args.verbose:
         _print_stats(last)
 

@@ -96,7 +96,9 @@ def load_model(path: str | os.PathLike) -> Qwen2Model:
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    return Qwen2Model(args, weights)
+    model = Qwen2Model(args, weights)
+    mx.eval(list(weights.values()))  # read and dequantize now, not inside the first forward
+    return model
 
 
 def dequantize(weights: Mapping[str, mx.array], quantization: Mapping | None) -> dict[str, mx.array]:

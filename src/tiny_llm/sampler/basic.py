@@ -4,6 +4,7 @@ Every function works on a batch: `logprobs [B, V]`, one distribution per row. Fi
 the same array with the tokens they drop set to `-inf`.
 """
 
+import math
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -64,7 +65,7 @@ def make_sampler(
     and `check_int` from `tiny_llm.sampler.checks` raise the `ValueError`s).
     """
     # BEGIN SOLUTION week1-day7
-    temp = check_float("temp", temp, minimum=0.0)
+    temp = check_float("temp", temp, minimum=0.0, maximum=math.inf, max_open=True)
     top_p = 0.0 if top_p is None else check_float("top_p", top_p, minimum=0.0, maximum=1.0)
     top_k = 0 if top_k is None else check_int("top_k", top_k, minimum=0)
     min_p = check_float("min_p", min_p, minimum=0.0, maximum=1.0)

@@ -82,11 +82,11 @@ def apply_xtc(
 def make_logits_processors(
     logit_bias: Mapping[int, float] | None = None,
     repetition_penalty: float | None = None,
-    repetition_context_size: int | None = 20,
+    repetition_context_size: int = 20,
     presence_penalty: float | None = None,
-    presence_context_size: int | None = 20,
+    presence_context_size: int = 20,
     frequency_penalty: float | None = None,
-    frequency_context_size: int | None = 20,
+    frequency_context_size: int = 20,
 ) -> list[LogitsProcessor]:
     """The processors mlx-lm builds for these options, in mlx-lm's order."""
     processors: list[LogitsProcessor] = []

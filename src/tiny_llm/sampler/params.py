@@ -1,0 +1,182 @@
+"""Sampling parameters: one frozen, validated object per request (or per batch row)."""
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+from .checks import check_float, check_int
+
+STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
+
+# Stage aliases accepted in `order` (llama.cpp's --samplers names and a few common spellings).
+ALIASES = {
+    "top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "min-p": "min_p",
+    "typical": "typical_p", "typ_p": "typical_p", "typical-p": "typical_p", "temp": "temperature",
+    "top-n-sigma": "top_n_sigma", "top_nsigma": "top_n_sigma", "penalty": "penalties",
+}
+
+PRESETS: dict[str, tuple[str, ...]] = {
+    # llama.cpp's default chain: filters see the untempered distribution.
+    "llama.cpp": STAGES,
+    # Hugging Face transformers: processors (penalties), then temperature first among warpers.
+    "hf": ("penalties", "temperature", "top_k", "top_p", "min_p", "typical_p"),
+    # vLLM: penalties, temperature, then min-p, then top-k and top-p.
+    "vllm": ("penalties", "temperature", "min_p", "top_k", "top_p"),
+    # mlx-lm: logits processors, then top-p on the full distribution, min-p, XTC, top-k,
+    # and temperature inside the final categorical draw.
+    "mlx-lm": ("penalties", "top_p", "min_p", "xtc", "top_k", "temperature"),
+}
+
+DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+
+
+def resolve_order(order: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Stage names in the order they run; `order` is a preset name, a `;`-separated string
+    of stage names (llama.cpp's `--samplers`), a sequence of names, or None (llama.cpp)."""
+    if order is None:
+        return PRESETS["llama.cpp"]
+    if isinstance(order, str):
+        if order in PRESETS:
+            return PRESETS[order]
+        names = [n for n in order.replace(",", ";").split(";") if n.strip()]
+    else:
+        names = list(order)
+    stages = []
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"order entries must be stage names, got {name!r}")
+        stage = ALIASES.get(name.strip(), name.strip())
+        if stage not in STAGES:
+            raise ValueError(
+                f"order has unknown stage {name!r}: use presets {', '.join(PRESETS)} "
+                f"or stage names {', '.join(STAGES)}"
+            )
+        if stage in stages:
+            raise ValueError(f"order names stage {stage!r} twice")
+        stages.append(stage)
+    return tuple(stages)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Everything that decides how the next token is chosen. Fields follow llama.cpp's names.
+
+    "Off" values: `top_k=0`, `top_p=1`, `min_p=0`, `typical_p=1`, `top_n_sigma<=0`,
+    `xtc_probability=0`, `repetition_penalty=1`, `frequency_penalty=presence_penalty=0`,
+    `dry_multiplier=0`, `mirostat=0`. `temperature <= 0` is greedy.
+    `penalty_last_n` / `dry_penalty_last_n`: how many of the latest history tokens the
+    penalties look at; -1 = all, 0 = none. `dry_sequence_breakers`: strings (turned into
+    token ids with the tokenizer given to the `Sampler`) or token-id sequences.
+    `logprobs`: how many top log-probabilities `Sampler.sample_with_logprobs` returns.
+    `order`: a preset (`"llama.cpp"`, `"hf"`, `"vllm"`, `"mlx-lm"`) or stage names.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str | tuple[int, ...], ...] = DEFAULT_DRY_BREAKERS
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    order: str | tuple[str, ...] | None = None
+    logprobs: int = 0
+
+    def __post_init__(self):
+        f = check_float
+        f("temperature", self.temperature)
+        check_int("top_k", self.top_k, minimum=0)
+        f("top_p", self.top_p, minimum=0.0, maximum=1.0)
+        f("min_p", self.min_p, minimum=0.0, maximum=1.0)
+        f("typical_p", self.typical_p, minimum=0.0, maximum=1.0)
+        f("top_n_sigma", self.top_n_sigma)
+        f("xtc_probability", self.xtc_probability, minimum=0.0, maximum=1.0)
+        f("xtc_threshold", self.xtc_threshold, minimum=0.0, maximum=1.0)
+        f("dynatemp_range", self.dynatemp_range, minimum=0.0)
+        f("dynatemp_exponent", self.dynatemp_exponent, minimum=0.0)
+        f("repetition_penalty", self.repetition_penalty, minimum=0.0, min_open=True)
+        f("frequency_penalty", self.frequency_penalty)
+        f("presence_penalty", self.presence_penalty)
+        check_int("penalty_last_n", self.penalty_last_n, minimum=-1)
+        f("dry_multiplier", self.dry_multiplier, minimum=0.0)
+        f("dry_base", self.dry_base, minimum=1.0, min_open=True)
+        check_int("dry_allowed_length", self.dry_allowed_length, minimum=1)
+        check_int("dry_penalty_last_n", self.dry_penalty_last_n, minimum=-1)
+        breakers = []
+        for b in self.dry_sequence_breakers:
+            if isinstance(b, str):
+                if not b:
+                    raise ValueError("dry_sequence_breakers must not contain an empty string")
+                breakers.append(b)
+            else:
+                ids = tuple(b)
+                if not ids:
+                    raise ValueError("dry_sequence_breakers must not contain an empty sequence")
+                for t in ids:
+                    check_int("dry_sequence_breakers token", t, minimum=0)
+                breakers.append(tuple(int(t) for t in ids))
+        object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
+        if self.mirostat not in (0, 1, 2) or isinstance(self.mirostat, bool):
+            raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
+        f("mirostat_tau", self.mirostat_tau, minimum=0.0, min_open=True)
+        f("mirostat_eta", self.mirostat_eta, minimum=0.0, min_open=True)
+        bias = {}
+        for token, value in dict(self.logit_bias).items():
+            check_int("logit_bias token", token, minimum=0)
+            value = float(value) if not isinstance(value, bool) else value
+            if not isinstance(value, float) or math.isnan(value) or value == math.inf:
+                raise ValueError(f"logit_bias value for token {token} must be a number or -inf, got {value!r}")
+            bias[int(token)] = value
+        object.__setattr__(self, "logit_bias", bias)
+        check_int("min_tokens", self.min_tokens, minimum=0)
+        object.__setattr__(self, "eos_token_ids", tuple(
+            check_int("eos_token_ids entry", t, minimum=0) for t in self.eos_token_ids))
+        if self.min_tokens > 0 and not self.eos_token_ids:
+            raise ValueError(f"min_tokens={self.min_tokens} needs eos_token_ids to know what to suppress")
+        if self.seed is not None:
+            check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+        object.__setattr__(self, "order", resolve_order(self.order))
+        check_int("logprobs", self.logprobs, minimum=0)
+        missing = [stage for stage in self.enabled_stages() if stage not in self.order]
+        if missing and not self.mirostat:
+            raise ValueError(
+                f"order {'; '.join(self.order)} leaves out {', '.join(missing)}, "
+                f"which these parameters switch on"
+            )
+
+    def __hash__(self):
+        return hash(tuple((f.name, repr(getattr(self, f.name))) for f in fields(self)))
+
+    def enabled_stages(self) -> list[str]:
+        """The stages whose parameters are not "off"."""
+        on = {
+            "penalties": self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0,
+            "dry": self.dry_multiplier > 0,
+            "top_n_sigma": self.top_n_sigma > 0,
+            "top_k": self.top_k > 0,
+            "typical_p": self.typical_p < 1.0,
+            "top_p": self.top_p < 1.0,
+            "min_p": self.min_p > 0.0,
+            "xtc": self.xtc_probability > 0 and self.xtc_threshold <= 0.5,
+            "temperature": self.temperature != 1.0 or self.dynatemp_range > 0,
+        }
+        return [s for s in STAGES if on[s]]
