@@ -18,18 +18,59 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
 
 
+# (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
+# temperature, which is 0 (greedy) as in mlx_lm.generate.
+_SAMPLING_FLAGS = [
+    (("--temp", "--temperature"), "temperature", float, "temperature; 0 is greedy (default 0)"),
+    (("--top-k",), "top_k", int, "keep the k most likely tokens (0: off)"),
+    (("--top-p",), "top_p", float, "nucleus: keep the most likely tokens up to this mass (1: off)"),
+    (("--min-p",), "min_p", float, "keep tokens with p >= min_p * p_max (0: off)"),
+    (("--typical-p", "--typical"), "typical_p", float, "locally typical sampling mass (1: off)"),
+    (("--top-n-sigma",), "top_n_sigma", float, "keep logits >= max - n * std (<= 0: off)"),
+    (("--xtc-probability",), "xtc_probability", float, "chance of excluding the top choices (0: off)"),
+    (("--xtc-threshold",), "xtc_threshold", float, "probability above which XTC excludes tokens"),
+    (("--dynatemp-range",), "dynatemp_range", float, "dynamic temperature range (0: off)"),
+    (("--dynatemp-exp",), "dynatemp_exponent", float, "dynamic temperature exponent"),
+    (("--repetition-penalty", "--repeat-penalty"), "repetition_penalty", float, "divide logits of recent tokens (1: off)"),
+    (("--frequency-penalty",), "frequency_penalty", float, "subtract per occurrence in recent tokens (0: off)"),
+    (("--presence-penalty",), "presence_penalty", float, "subtract once for recent tokens (0: off)"),
+    (("--penalty-last-n", "--repeat-last-n", "--repetition-context-size"), "penalty_last_n", int,
+     "how many recent tokens the penalties see (-1: all, 0: none)"),
+    (("--dry-multiplier",), "dry_multiplier", float, "DRY repetition penalty strength (0: off)"),
+    (("--dry-base",), "dry_base", float, "DRY exponential base"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "repeats up to this length are free"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "how many recent tokens DRY scans (-1: all)"),
+    (("--mirostat",), "mirostat", int, "mirostat version: 0 (off), 1 or 2"),
+    (("--mirostat-ent", "--mirostat-tau"), "mirostat_tau", float, "mirostat target surprise"),
+    (("--mirostat-lr", "--mirostat-eta"), "mirostat_eta", float, "mirostat learning rate"),
+    (("--min-tokens",), "min_tokens", int, "suppress end-of-sequence for this many tokens"),
+    (("--seed", "-s"), "seed", int, "random seed, for reproducible sampling (default: fresh)"),
+    (("--logprobs",), "logprobs", int, "print each token's log-probability and this many alternatives"),
+]
+_FIELD_FLAG = {field: flags[0] for flags, field, _, _ in _SAMPLING_FLAGS}
+_FIELD_FLAG.update({"dry_sequence_breakers": "--dry-sequence-breaker", "logit_bias": "--logit-bias",
+                    "order": "--samplers"})
+
+
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    from .sampler import SamplingParams
+
+    defaults = SamplingParams()
     parser.add_argument("--max-tokens", "-m", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS}; -1: no limit)")
-    parser.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default 0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (default 1: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * p_max (default 0: off)")
-    parser.add_argument("--repetition-penalty", type=float, default=None,
-                        help="divide the logits of recent tokens by this (default: off)")
-    parser.add_argument("--repetition-context-size", type=int, default=20,
-                        help="how many recent tokens the penalty looks at (default 20)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed, for reproducible sampling")
+    for flags, field, kind, text in _SAMPLING_FLAGS:
+        default = 0.0 if field == "temperature" else getattr(defaults, field)
+        parser.add_argument(*flags, dest=field, type=kind, default=default,
+                            help=f"{text} (default {default})")
+    parser.add_argument("--dry-sequence-breaker", dest="dry_sequence_breakers", action="append",
+                        default=None, metavar="TEXT",
+                        help="a string DRY repeats may not cross (repeatable; 'none' for no breakers; "
+                             "default: newline, ':', '\"', '*')")
+    parser.add_argument("--logit-bias", dest="logit_bias", action="append", default=[], metavar="TOKEN+BIAS",
+                        help="add BIAS to TOKEN's logit, e.g. 15043+1 or 15043-inf (repeatable)")
+    parser.add_argument("--samplers", dest="order", default=None,
+                        help="stage order, e.g. 'top_k;top_p;temperature', or a preset: "
+                             "llama.cpp (default), hf, vllm, mlx-lm")
     parser.add_argument("--system", "--system-prompt", dest="system", default=None,
                         help="system message for the chat template")
     parser.add_argument("--no-chat-template", "--ignore-chat-template", dest="no_chat_template",
@@ -37,36 +78,50 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="print statistics to stderr")
 
 
-def _sampling(args: argparse.Namespace):
-    """Sampler and logits processors from the flags; bad values become a UserError."""
-    from .sampler import make_logits_processors, make_sampler
-    from .sampler.checks import check_float
+def _logit_bias(entries: list[str]) -> dict[int, float]:
+    bias = {}
+    for entry in entries:
+        m = re.fullmatch(r"\s*(\d+)\s*(?:=|(?=[+-]))\s*([+-]?(?:inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?))\s*", entry, re.I)
+        if not m:
+            raise UserError(f"--logit-bias takes TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS, got {entry!r}")
+        bias[int(m[1])] = float(m[2])
+    return bias
+
+
+def _sampling(args: argparse.Namespace, tokenizer=None):
+    """The sampling parameters from the flags; bad values become a UserError naming the flag."""
+    from .sampler import SamplingParams
 
     if args.max_tokens == 0 or args.max_tokens < -1:
         raise UserError(f"--max-tokens must be positive or -1 (no limit), got {args.max_tokens}")
+    values = {field: getattr(args, field) for _, field, _, _ in _SAMPLING_FLAGS}
+    values["logit_bias"] = _logit_bias(args.logit_bias)
+    if args.dry_sequence_breakers is not None:
+        values["dry_sequence_breakers"] = tuple(
+            b.encode().decode("unicode_escape") for b in args.dry_sequence_breakers if b != "none")
+    values["order"] = args.order
+    if tokenizer is not None and values["min_tokens"] > 0:
+        values["eos_token_ids"] = tuple(sorted(tokenizer.eos_token_ids))
     try:
-        if args.repetition_penalty is not None:
-            check_float("repetition_penalty", args.repetition_penalty, minimum=0.0, min_open=True)
-        sampler = make_sampler(args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)
-        processors = make_logits_processors(
-            repetition_penalty=args.repetition_penalty,
-            repetition_context_size=args.repetition_context_size,
-        )
+        return SamplingParams(**values)
     except ValueError as e:
         raise UserError(_flag_names(str(e))) from None
-    if args.seed is not None:
-        mx.random.seed(args.seed)
-    return sampler, processors
 
 
-_FLAGS = ("temp", "top_p", "top_k", "min_p", "repetition_penalty")
+def _make_sampler(args: argparse.Namespace, tokenizer):
+    from .sampler import Sampler
+
+    try:
+        return Sampler(_sampling(args, tokenizer), tokenizer)
+    except ValueError as e:
+        raise UserError(_flag_names(str(e))) from None
 
 
 def _flag_names(message: str) -> str:
-    """Speak of `--top-p`, not `top_p`: the user typed flags."""
-    message = message.replace("repetition_penalty context_size", "--repetition-context-size")
-    pattern = r"(?<![\w-])(" + "|".join(_FLAGS) + r")(?![\w-])"
-    return re.sub(pattern, lambda m: "--" + m.group(1).replace("_", "-"), message)
+    """Speak of `--top-p`, not `top_p`: the user typed flags (messages start with the field)."""
+    fields = sorted(_FIELD_FLAG, key=len, reverse=True)
+    pattern = r"^(" + "|".join(fields) + r")(?![\w-])"
+    return re.sub(pattern, lambda m: _FIELD_FLAG[m.group(1)], message)
 
 
 def _load(args: argparse.Namespace):
@@ -85,9 +140,13 @@ def _messages_text(tokenizer, args, messages: list[dict]) -> str:
     return tokenizer.apply_chat_template(system + messages)
 
 
-def _print_stats(response) -> None:
+def _print_stats(response, sampler=None) -> None:
     if response is None:
         return
+    if sampler is not None and sampler.stats.draws:
+        ms = 1000 * sampler.stats.seconds / sampler.stats.draws
+        print(f"sampling: {sampler.stats.draws} draws, {sampler.stats.seconds:.3f} s in total, "
+              f"{ms:.2f} ms per draw", file=sys.stderr)
     print(
         f"prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s, "
         f"first token after {response.time_to_first_token:.2f} s\n"
@@ -97,16 +156,25 @@ def _print_stats(response) -> None:
     )
 
 
-def _stream(model, tokenizer, text: str, args, sampler, processors):
+def _stream(model, tokenizer, text: str, args, sampler):
     """Print the reply as it is produced; return (reply text, last response)."""
     from .generate import stream_generate
 
-    reply, last = "", None
-    for response in stream_generate(model, tokenizer, text, args.max_tokens,
-                                    sampler=sampler, logits_processors=processors):
+    reply, last, shown = "", None, []
+    for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler):
         print(response.text, end="", flush=True)
         reply += response.text
         last = response
+        if args.logprobs:
+            shown.append((response.token, response.logprobs))
+    if shown:
+        print(flush=True)
+        print("token log-probabilities under the model (before sampling), with the top "
+              f"{args.logprobs} alternatives:", file=sys.stderr)
+        for token, logprobs in shown:
+            top = mx.argsort(-logprobs)[: args.logprobs].tolist()
+            alts = ", ".join(f"{tokenizer.decode([t])!r} {logprobs[t].item():.2f}" for t in top)
+            print(f"  {tokenizer.decode([token])!r:>16} {logprobs[token].item():7.2f}   [{alts}]", file=sys.stderr)
     return reply, last
 
 
@@ -114,18 +182,20 @@ def _generate(args: argparse.Namespace) -> None:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt.strip():
         raise UserError("the prompt is empty: pass --prompt TEXT or text on standard input")
-    sampler, processors = _sampling(args)
+    _sampling(args)  # check the flags before loading anything
     model, tokenizer = _load(args)
+    sampler = _make_sampler(args, tokenizer)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
-    _, last = _stream(model, tokenizer, text, args, sampler, processors)
+    _, last = _stream(model, tokenizer, text, args, sampler)
     print(flush=True)
     if args.verbose:
-        _print_stats(last)
+        _print_stats(last, sampler)
 
 
 def _chat(args: argparse.Namespace) -> None:
-    sampler, processors = _sampling(args)
+    _sampling(args)
     model, tokenizer = _load(args)
+    sampler = _make_sampler(args, tokenizer)  # one sampler: its seed stream runs across turns
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a message and press Enter. Ctrl-C stops a reply, Ctrl-D leaves.", file=sys.stderr)
@@ -145,13 +215,13 @@ def _chat(args: argparse.Namespace) -> None:
         text = _messages_text(tokenizer, args, messages)
         reply, last = "", None
         try:
-            reply, last = _stream(model, tokenizer, text, args, sampler, processors)
+            reply, last = _stream(model, tokenizer, text, args, sampler)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
         messages.append({"role": "assistant", "content": reply})
         if args.verbose:
-            _print_stats(last)
+            _print_stats(last, sampler)
 
 
 def _smoke(args: argparse.Namespace) -> None:

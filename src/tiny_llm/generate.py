@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .sampler import LogitsProcessor, Sampler, greedy_sampler
+from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
@@ -46,7 +46,7 @@ def generate_step(
     model: Model,
     *,
     max_tokens: int = 256,
-    sampler: Sampler | None = None,
+    sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     prompt_cache: list | None = None,
 ) -> Generator[tuple[int, mx.array], None, None]:
@@ -94,11 +94,18 @@ def stream_generate(
     prompt: str | Sequence[int] | mx.array,
     max_tokens: int = 256,
     *,
-    sampler: Sampler | None = None,
+    sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
+    params: SamplingParams | Sampler | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
-    token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`."""
+    token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
+
+    Choose tokens either with `sampler` (a function of log-probabilities, e.g. from
+    `make_sampler`) and `logits_processors`, or with the sampling engine: `params` (a
+    `SamplingParams`, or a `Sampler` to keep its state and statistics), which sees the whole
+    history (prompt and generated tokens) for its penalties.
+    """
     max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
     if max_tokens == 0:
         raise ValueError("max_tokens must be positive or -1 (no limit), got 0")
@@ -107,6 +114,11 @@ def stream_generate(
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
+
+    if params is not None:
+        if sampler is not None:
+            raise ValueError("pass either sampler or params, not both")
+        sampler = _engine_sampler(params, tokenizer, prompt.tolist())
 
     detokenizer = StreamingDetokenizer(tokenizer)
     eos = tokenizer.eos_token_ids
@@ -151,18 +163,33 @@ def stream_generate(
             return
 
 
+def _engine_sampler(params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]) -> SamplerFunction:
+    """Adapt the engine to generate_step's `sampler(logprobs)`: it keeps the history."""
+    engine = params if isinstance(params, Sampler) else Sampler(params, tokenizer)
+    history = list(prompt)
+
+    def sample(logprobs: mx.array) -> mx.array:
+        token = engine.sample(logprobs, [history])
+        history.append(int(token.item()))
+        return token
+
+    return sample
+
+
 def generate(
     model: Model,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | mx.array,
     max_tokens: int = 256,
     *,
-    sampler: Sampler | None = None,
+    sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
+    params: SamplingParams | Sampler | None = None,
 ) -> str:
     """The whole text `stream_generate` produces."""
     return "".join(
         r.text for r in stream_generate(
-            model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=logits_processors
+            model, tokenizer, prompt, max_tokens, sampler=sampler,
+            logits_processors=logits_processors, params=params,
         )
     )

@@ -1,6 +1,8 @@
 """Token sampling: the week-1 `make_sampler` and mlx-lm-compatible helpers."""
 
-from .basic import Sampler, keep_top_k, keep_top_p, make_sampler
+from .basic import keep_top_k, keep_top_p, make_sampler
+from .basic import SamplerFunction
+from .engine import SampleResult, Sampler, SamplerStats, token_distribution
 from .mlx_compat import (
     LogitsProcessor,
     apply_min_p,
@@ -15,8 +17,11 @@ from .mlx_compat import (
     make_repetition_penalty,
 )
 
+from .params import PRESETS, STAGES, SamplingParams
+
 __all__ = [
-    "Sampler", "LogitsProcessor", "make_sampler", "keep_top_k", "keep_top_p",
+    "SamplingParams", "Sampler", "SampleResult", "SamplerStats", "token_distribution",
+    "PRESETS", "STAGES", "SamplerFunction", "LogitsProcessor", "make_sampler", "keep_top_k", "keep_top_p",
     "apply_top_k", "apply_top_p", "apply_min_p", "apply_xtc", "categorical_sampling",
     "greedy_sampler", "make_logits_processors", "make_repetition_penalty",
     "make_presence_penalty", "make_frequency_penalty",

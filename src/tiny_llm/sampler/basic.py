@@ -12,7 +12,7 @@ import mlx.core as mx
 from .checks import check_float, check_int
 from .filters import keep_min_p
 
-Sampler = Callable[[mx.array], mx.array]
+SamplerFunction = Callable[[mx.array], mx.array]
 
 
 def keep_top_k(logprobs: mx.array, k: int) -> mx.array:
@@ -54,7 +54,7 @@ def make_sampler(
     *,
     min_p: float = 0.0,
     min_tokens_to_keep: int = 1,
-) -> Sampler:
+) -> SamplerFunction:
     """A function `logprobs [B, V] -> tokens [B]`.
 
     `temp == 0` picks the argmax (the lowest index on ties). Otherwise the filters run in

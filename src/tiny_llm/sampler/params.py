@@ -63,7 +63,7 @@ class SamplingParams:
 
     "Off" values: `top_k=0`, `top_p=1`, `min_p=0`, `typical_p=1`, `top_n_sigma<=0`,
     `xtc_probability=0`, `repetition_penalty=1`, `frequency_penalty=presence_penalty=0`,
-    `dry_multiplier=0`, `mirostat=0`. `temperature <= 0` is greedy.
+    `dry_multiplier=0`, `mirostat=0`. `temperature = 0` is greedy.
     `penalty_last_n` / `dry_penalty_last_n`: how many of the latest history tokens the
     penalties look at; -1 = all, 0 = none. `dry_sequence_breakers`: strings (turned into
     token ids with the tokenizer given to the `Sampler`) or token-id sequences.
@@ -102,7 +102,7 @@ class SamplingParams:
 
     def __post_init__(self):
         f = check_float
-        f("temperature", self.temperature)
+        f("temperature", self.temperature, minimum=0.0, maximum=math.inf, max_open=True)
         check_int("top_k", self.top_k, minimum=0)
         f("top_p", self.top_p, minimum=0.0, maximum=1.0)
         f("min_p", self.min_p, minimum=0.0, maximum=1.0)

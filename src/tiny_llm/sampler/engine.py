@@ -1,0 +1,333 @@
+"""The sampling engine: a batch of rows, each with its own `SamplingParams`, seed and state.
+
+    sampler = Sampler([SamplingParams(temperature=0.7, top_k=40, seed=1), SamplingParams()])
+    probs = sampler.distribution(logits)        # [B, V]: what the next token is drawn from
+    tokens = sampler.sample(logits, history)    # [B]
+
+Rows that share a chain (the same stage order, or the same mirostat version) run together
+as one group, with per-row parameter arrays; stages that no row of a group uses are skipped.
+"""
+
+import math
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from . import rng, stages
+from .dry import dry_penalties
+from .params import SamplingParams
+
+History = Sequence[Sequence[int]] | None
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """What `Sampler.sample_with_logprobs` returns. "Final" is the distribution the token was
+    drawn from (after every stage); "raw" is log-softmax of the logits as given.
+
+    tokens, logprob, raw_logprob, rank, raw_rank: `[B]`; top_tokens, top_logprobs,
+    raw_top_tokens, raw_top_logprobs: `[B, n]` with n the largest `logprobs` of the rows
+    (most likely first). Ranks count from 0 (the most likely token).
+    """
+
+    tokens: mx.array
+    logprob: mx.array
+    raw_logprob: mx.array
+    rank: mx.array
+    raw_rank: mx.array
+    top_tokens: mx.array
+    top_logprobs: mx.array
+    raw_top_tokens: mx.array
+    raw_top_logprobs: mx.array
+
+
+@dataclass
+class SamplerStats:
+    draws: int = 0  # tokens drawn (rows times calls)
+    seconds: float = 0.0  # wall time spent in sample / sample_with_logprobs
+
+
+class Sampler:
+    """Samples one token per row. `params`: one `SamplingParams` for every row, or a list
+    with one per row. `tokenizer` turns string `dry_sequence_breakers` into token ids."""
+
+    def __init__(self, params: SamplingParams | Sequence[SamplingParams], tokenizer=None):
+        if isinstance(params, SamplingParams):
+            self._shared = True
+            rows = [params]
+        else:
+            rows = list(params)
+            if not rows or not all(isinstance(p, SamplingParams) for p in rows):
+                raise ValueError("params must be a SamplingParams or a non-empty list of them")
+            self._shared = False
+        self.params = rows
+        self._breakers = [_encode_breakers(p, tokenizer) for p in rows]
+        # Unseeded rows draw a fresh seed once: their stream is new but self-consistent.
+        self._seeds = [p.seed if p.seed is not None else secrets.randbits(32) for p in rows]
+        self.stats = SamplerStats()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the tokens drawn so far (counters) and mirostat's running estimate."""
+        self._batch: int | None = None
+        self._counters = np.zeros(len(self.params), dtype=np.int64)
+        self._mu = mx.array([2.0 * p.mirostat_tau for p in self.params], dtype=mx.float32)
+
+    # ---- public API -----------------------------------------------------------------------
+
+    def distribution(self, logits: mx.array, history: History = None) -> mx.array:
+        """`[B, V]` float32 probabilities the next token would be drawn from (rows sum to 1;
+        excluded tokens exactly 0). Changes no state."""
+        return mx.softmax(self._final_logits(logits, history), axis=-1)
+
+    def sample(self, logits: mx.array, history: History = None) -> mx.array:
+        """One token per row, `[B]`; advances each row's counter (and mirostat state)."""
+        return self._sample(logits, history, with_logprobs=False).tokens
+
+    def sample_with_logprobs(self, logits: mx.array, history: History = None) -> SampleResult:
+        """Like `sample`, with the chosen tokens' log-probabilities, ranks and the top
+        `logprobs` candidates, both in the final and in the raw distribution."""
+        return self._sample(logits, history, with_logprobs=True)
+
+    __call__ = sample
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _rows(self, B: int) -> list[int]:
+        """Index into self.params for each batch row."""
+        if self._shared:
+            return [0] * B
+        if B != len(self.params):
+            raise ValueError(f"logits have {B} rows but the sampler has {len(self.params)} SamplingParams")
+        return list(range(B))
+
+    def _check(self, logits: mx.array, history: History) -> tuple[mx.array, list[list[int]]]:
+        if not isinstance(logits, mx.array) or logits.ndim != 2:
+            shape = getattr(logits, "shape", None)
+            raise ValueError(f"logits must be an mx.array [B, V], got shape {shape}")
+        B, V = logits.shape
+        x = logits.astype(mx.float32)
+        x = mx.where(mx.isnan(x), -math.inf, x)  # NaN counts as excluded
+        finite = mx.any(mx.isfinite(x), axis=-1).tolist()
+        if not all(finite):
+            bad = finite.index(False)
+            raise ValueError(f"row {bad} of the logits has no finite value: nothing can be sampled")
+        if history is None:
+            hist = [[] for _ in range(B)]
+        else:
+            hist = [list(map(int, h)) for h in history]
+            if len(hist) != B:
+                raise ValueError(f"history has {len(hist)} rows but the logits have {B}")
+        for i in set(self._rows(B)):
+            p = self.params[i]
+            if p.logit_bias and max(p.logit_bias) >= V:
+                raise ValueError(f"logit_bias names token {max(p.logit_bias)}, but the vocabulary has {V} tokens")
+        return x, hist
+
+    def _final_logits(self, logits: mx.array, history: History) -> mx.array:
+        x, hist = self._check(logits, history)
+        rows = self._rows(x.shape[0])
+        groups: dict[tuple, list[int]] = {}
+        for b, i in enumerate(rows):
+            p = self.params[i]
+            groups.setdefault(("mirostat", p.mirostat) if p.mirostat else p.order, []).append(b)
+        if len(groups) == 1:
+            (key, members), = groups.items()
+            return self._chain(x, hist, rows, list(range(x.shape[0])), key)
+        out = x
+        for key, members in groups.items():
+            idx = mx.array(members)
+            part = self._chain(x[idx], [hist[b] for b in members], [rows[b] for b in members],
+                               members, key)
+            out = _scatter_rows(out, idx, part)
+        return out
+
+    def _chain(self, x, hist, rows, batch_rows, key) -> mx.array:
+        """Run one group's chain. `rows[g]` indexes self.params, `batch_rows[g]` the batch."""
+        P = [self.params[i] for i in rows]
+        G, V = x.shape
+        col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
+
+        # Logit bias, then min_tokens: always first.
+        if any(p.logit_bias for p in P):
+            r, c, v = [], [], []
+            for g, p in enumerate(P):
+                for token, value in p.logit_bias.items():
+                    r.append(g), c.append(token), v.append(value)
+            x = x.at[mx.array(r), mx.array(c)].add(mx.array(v, dtype=mx.float32))
+        counters = self._counters[rows] if not self._shared else self._shared_counters(G)
+        if any(p.min_tokens > 0 for p in P):
+            r, c = [], []
+            for g, p in enumerate(P):
+                if counters[g] < p.min_tokens:
+                    for token in p.eos_token_ids:
+                        if token < V:
+                            r.append(g), c.append(token)
+            if r:
+                mask = mx.zeros((G, V), dtype=mx.bool_).at[mx.array(r), mx.array(c)].add(True)
+                x = mx.where(mask, -math.inf, x)
+
+        if key[0] == "mirostat":
+            x = stages.temperature(x, col([p.temperature for p in P]), col([0.0] * G), col([1.0] * G))
+            mu = self._mu[mx.array(rows)][:, None]
+            if key[1] == 2:
+                return stages.mirostat_v2(x, mu)
+            return stages.mirostat_v1(x, mu, V)
+
+        for stage in key:
+            if stage == "penalties" and any("penalties" in p.enabled_stages() for p in P):
+                counts = _window_counts(hist, [p.penalty_last_n for p in P], V)
+                x = stages.penalties(x, counts, col([p.repetition_penalty for p in P]),
+                                     col([p.frequency_penalty for p in P]), col([p.presence_penalty for p in P]))
+            elif stage == "dry" and any(p.dry_multiplier > 0 for p in P):
+                r, c, v = [], [], []
+                for g, p in enumerate(P):
+                    amounts = dry_penalties(hist[g], p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                            p.dry_penalty_last_n, self._breakers[rows[g]])
+                    for token, amount in amounts.items():
+                        if token < V:
+                            r.append(g), c.append(token), v.append(-amount)
+                if r:
+                    x = x.at[mx.array(r), mx.array(c)].add(mx.array(v, dtype=mx.float32))
+            elif stage == "top_n_sigma" and any(p.top_n_sigma > 0 for p in P):
+                x = stages.top_n_sigma(x, col([p.top_n_sigma for p in P]))
+            elif stage == "top_k" and any(p.top_k > 0 for p in P):
+                x = stages.top_k(x, col([p.top_k for p in P], mx.int32))
+            elif stage == "typical_p" and any(p.typical_p < 1 for p in P):
+                x = stages.typical_p(x, col([p.typical_p for p in P]))
+            elif stage == "top_p" and any(p.top_p < 1 for p in P):
+                x = stages.top_p(x, col([p.top_p for p in P]))
+            elif stage == "min_p" and any(p.min_p > 0 for p in P):
+                x = stages.min_p(x, col([p.min_p for p in P]))
+            elif stage == "xtc" and any(p.xtc_probability > 0 and p.xtc_threshold <= 0.5 for p in P):
+                coin = rng.uniform(mx.array([self._seeds[i] for i in rows], dtype=mx.uint32),
+                                   mx.array(counters, dtype=mx.uint32), rng.XTC)
+                prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
+                x = stages.xtc(x, col([p.xtc_threshold for p in P]), (coin < prob)[:, None])
+            elif stage == "temperature":
+                x = stages.temperature(x, col([p.temperature for p in P]), col([p.dynatemp_range for p in P]),
+                                       col([p.dynatemp_exponent for p in P]))
+        return x
+
+    def _shared_counters(self, B: int) -> np.ndarray:
+        if self._batch is None:
+            self._batch = B
+            self._counters = np.zeros(B, dtype=np.int64)
+            self._mu = mx.full((B,), 2.0 * self.params[0].mirostat_tau)
+        if B != self._batch:
+            raise ValueError(f"this sampler has been drawing for {self._batch} rows, now given {B}: call reset() first")
+        return self._counters
+
+    def _sample(self, logits, history, with_logprobs: bool):
+        mx.eval(logits)  # the model's work is not sampling time
+        start = time.perf_counter()
+        final = self._final_logits(logits, history)
+        B, V = final.shape
+        rows = self._rows(B)
+        counters = self._shared_counters(B) if self._shared else self._counters
+        seeds = mx.array([self._seeds[i] for i in rows], dtype=mx.uint32)
+        probs = mx.softmax(final, axis=-1)
+        u = rng.uniform(seeds, mx.array(counters if self._shared else counters[rows], dtype=mx.uint32), rng.DRAW)
+        cdf = mx.cumsum(probs, axis=-1)
+        target = (u * cdf[:, -1])[:, None]
+        tokens = mx.minimum(mx.sum(cdf < target, axis=-1), V - 1).astype(mx.int32)
+        chosen_p = mx.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
+        miro = [b for b, i in enumerate(rows) if self.params[i].mirostat]
+        if miro:
+            idx = mx.array(miro)
+            src = mx.array([rows[b] for b in miro]) if not self._shared else idx
+            tau = mx.array([self.params[rows[b]].mirostat_tau for b in miro])
+            eta = mx.array([self.params[rows[b]].mirostat_eta for b in miro])
+            surprise = -mx.log2(chosen_p[idx])
+            self._mu = _scatter_1d(self._mu, src, self._mu[src] - eta * (surprise - tau))
+        result = None
+        if with_logprobs:
+            result = self._logprobs(logits, final, tokens, rows)
+        else:
+            result = SampleResult(tokens, *([None] * 8))
+        mx.eval(tokens, self._mu)
+        if self._shared:
+            self._counters += 1
+        else:
+            self._counters[rows] += 1
+        self.stats.draws += B
+        self.stats.seconds += time.perf_counter() - start
+        return result
+
+    def _logprobs(self, logits, final, tokens, rows) -> SampleResult:
+        n = max(self.params[i].logprobs for i in set(rows))
+        raw = logits.astype(mx.float32)
+        raw = mx.where(mx.isnan(raw), -math.inf, raw)
+        raw = raw - mx.logsumexp(raw, axis=-1, keepdims=True)
+        fin = final - mx.logsumexp(final, axis=-1, keepdims=True)
+
+        def describe(lp):
+            chosen = mx.take_along_axis(lp, tokens[:, None], axis=-1)  # B, 1
+            rank = mx.sum(lp > chosen, axis=-1)
+            order = mx.argsort(-lp, axis=-1)[:, :n]
+            return chosen[:, 0], rank, order, mx.take_along_axis(lp, order, axis=-1)
+
+        lp, rank, top, top_lp = describe(fin)
+        rlp, rrank, rtop, rtop_lp = describe(raw)
+        return SampleResult(tokens, lp, rlp, rank, rrank, top, top_lp, rtop, rtop_lp)
+
+
+def token_distribution(logits: mx.array, params: SamplingParams | Sequence[SamplingParams],
+                       history: History = None, tokenizer=None) -> mx.array:
+    """The distribution a fresh `Sampler(params)` would draw the next token from."""
+    return Sampler(params, tokenizer).distribution(logits, history)
+
+
+def _scatter_rows(out: mx.array, idx: mx.array, rows: mx.array) -> mx.array:
+    """`out` with rows `idx` replaced by `rows` (no 2-D fancy-index assignment)."""
+    B = out.shape[0]
+    where = mx.zeros((B,), dtype=mx.int32).at[idx].add(mx.arange(1, idx.size + 1, dtype=mx.int32))
+    picked = rows[mx.maximum(where - 1, 0)]  # B, V: row b's replacement (or garbage)
+    return mx.where((where > 0)[:, None], picked, out)
+
+
+def _scatter_1d(out: mx.array, idx: mx.array, values: mx.array) -> mx.array:
+    B = out.shape[0]
+    where = mx.zeros((B,), dtype=mx.int32).at[idx].add(mx.arange(1, idx.size + 1, dtype=mx.int32))
+    return mx.where(where > 0, values[mx.maximum(where - 1, 0)], out)
+
+
+def _window_counts(hist: list[list[int]], last_n: list[int], V: int) -> mx.array:
+    """`[G, V]` occurrence counts of each row's last `last_n` history tokens (-1 all, 0 none)."""
+    windows = [h if n < 0 else (h[-n:] if n > 0 else []) for h, n in zip(hist, last_n)]
+    T = max((len(w) for w in windows), default=0)
+    if T == 0:
+        return mx.zeros((len(hist), V), dtype=mx.int32)
+    padded = np.full((len(hist), T), V, dtype=np.int32)  # V: a dummy column for padding
+    for g, w in enumerate(windows):
+        if w:
+            if max(w) >= V or min(w) < 0:
+                raise ValueError(f"history row {g} has token {max(w) if max(w) >= V else min(w)} outside the vocabulary of {V}")
+            padded[g, : len(w)] = w
+    G = len(hist)
+    r = mx.broadcast_to(mx.arange(G)[:, None], (G, T))
+    counts = mx.zeros((G, V + 1), dtype=mx.int32).at[r, mx.array(padded)].add(1)
+    return counts[:, :V]
+
+
+def _encode_breakers(params: SamplingParams, tokenizer) -> list[tuple[int, ...]]:
+    out = []
+    for b in params.dry_sequence_breakers:
+        if isinstance(b, str):
+            if tokenizer is None:
+                if params.dry_multiplier > 0:
+                    raise ValueError(
+                        f"dry_sequence_breakers has the string {b!r}: pass tokenizer= to the Sampler "
+                        f"or give token-id sequences"
+                    )
+                continue
+            ids = tuple(tokenizer.encode(b, add_special_tokens=False))
+            if ids:
+                out.append(ids)
+        else:
+            out.append(tuple(b))
+    return out

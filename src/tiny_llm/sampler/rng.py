@@ -1,0 +1,27 @@
+"""Counter-based randomness: one uniform per row from `(seed, draw number, stream)`.
+
+A row's numbers depend only on its own seed and on how many tokens it has drawn, never on
+the other rows of the batch; the same numbers come out on every device.
+"""
+
+import mlx.core as mx
+
+DRAW, XTC = 0, 1  # stream ids: the token draw and XTC's coin are independent
+
+
+def _mix(x: mx.array) -> mx.array:
+    """A 32-bit integer hash with good avalanche (all bits of x affect all bits out)."""
+    x = x ^ (x >> 16)
+    x = x * mx.array(0x7FEB352D, dtype=mx.uint32)
+    x = x ^ (x >> 15)
+    x = x * mx.array(0x846CA68B, dtype=mx.uint32)
+    return x ^ (x >> 16)
+
+
+def uniform(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
+    """`[B]` floats in the open interval (0, 1) with 24 random bits each."""
+    h = _mix(seeds.astype(mx.uint32))
+    h = _mix(h ^ counters.astype(mx.uint32))
+    h = _mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
+    # The top 24 bits, centred in their bucket: never exactly 0 or 1.
+    return ((h >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
