@@ -6,6 +6,7 @@ the same array with the tokens they drop set to `-inf`.
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import mlx.core as mx
 
@@ -13,6 +14,12 @@ from .checks import check_float, check_int
 from .filters import keep_min_p
 
 SamplerFunction = Callable[[mx.array], mx.array]
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def categorical_draw(logits: mx.array, inv_temp: float) -> mx.array:
+    """One token per row from `softmax(logits * inv_temp)` (compiled: one fused pass)."""
+    return mx.random.categorical(logits.astype(mx.float32) * inv_temp, axis=-1)
 
 
 def keep_top_k(logprobs: mx.array, k: int) -> mx.array:
@@ -80,7 +87,7 @@ def make_sampler(
             logprobs = keep_top_p(logprobs, top_p)
         if min_p > 0:
             logprobs = keep_min_p(logprobs, min_p, min_tokens_to_keep)
-        return mx.random.categorical(logprobs.astype(mx.float32) * (1.0 / temp), axis=-1)
+        return categorical_draw(logprobs, 1.0 / temp)
 
     return sampler
     # END SOLUTION

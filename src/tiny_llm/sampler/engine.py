@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from . import rng, stages
+from . import fast, rng, stages
 from .dry import dry_penalties
 from .params import SamplingParams
 
@@ -65,6 +65,9 @@ class Sampler:
                 raise ValueError("params must be a SamplingParams or a non-empty list of them")
             self._shared = False
         self.params = rows
+        # Which path each row's parameters allow: "greedy" and "plain" (temperature and
+        # min-p only) skip the window; "window" uses it; "full" runs the whole chain.
+        self._kind = [_kind(p) for p in rows]
         self._breakers = [_encode_breakers(p, tokenizer) for p in rows]
         # Unseeded rows draw a fresh seed once: their stream is new but self-consistent.
         self._seeds = [p.seed if p.seed is not None else secrets.randbits(32) for p in rows]
@@ -82,7 +85,7 @@ class Sampler:
     def distribution(self, logits: mx.array, history: History = None) -> mx.array:
         """`[B, V]` float32 probabilities the next token would be drawn from (rows sum to 1;
         excluded tokens exactly 0). Changes no state."""
-        return mx.softmax(self._final_logits(logits, history), axis=-1)
+        return stages.softmax(self._final_logits(logits, history))
 
     def sample(self, logits: mx.array, history: History = None) -> mx.array:
         """One token per row, `[B]`; advances each row's counter (and mirostat state)."""
@@ -111,8 +114,13 @@ class Sampler:
             raise ValueError(f"logits must be an mx.array [B, V], got shape {shape}")
         B, V = logits.shape
         x = logits.astype(mx.float32)
-        x = mx.where(mx.isnan(x), -math.inf, x)  # NaN counts as excluded
-        finite = mx.any(mx.isfinite(x), axis=-1).tolist()
+        # One reduction answers both questions: a row's max is NaN if it holds a NaN, and
+        # -inf if nothing can be sampled.
+        top = mx.max(x, axis=-1)
+        if mx.any(mx.isnan(top)).item():
+            x = mx.where(mx.isnan(x), -math.inf, x)  # NaN counts as excluded
+            top = mx.max(x, axis=-1)
+        finite = (top > -math.inf).tolist()
         if not all(finite):
             bad = finite.index(False)
             raise ValueError(f"row {bad} of the logits has no finite value: nothing can be sampled")
@@ -128,13 +136,21 @@ class Sampler:
                 raise ValueError(f"logit_bias names token {max(p.logit_bias)}, but the vocabulary has {V} tokens")
         return x, hist
 
-    def _final_logits(self, logits: mx.array, history: History) -> mx.array:
-        x, hist = self._check(logits, history)
-        rows = self._rows(x.shape[0])
+    def _groups(self, rows: list[int]) -> dict[tuple, list[int]]:
+        """Batch rows by chain: the stage order, or the mirostat version."""
         groups: dict[tuple, list[int]] = {}
         for b, i in enumerate(rows):
             p = self.params[i]
             groups.setdefault(("mirostat", p.mirostat) if p.mirostat else p.order, []).append(b)
+        return groups
+
+    def _final_logits(self, logits: mx.array, history: History) -> mx.array:
+        x, hist = self._check(logits, history)
+        return self._final_from(x, hist)
+
+    def _final_from(self, x: mx.array, hist: list[list[int]]) -> mx.array:
+        rows = self._rows(x.shape[0])
+        groups = self._groups(rows)
         if len(groups) == 1:
             (key, members), = groups.items()
             return self._chain(x, hist, rows, list(range(x.shape[0])), key)
@@ -151,8 +167,20 @@ class Sampler:
         P = [self.params[i] for i in rows]
         G, V = x.shape
         col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
+        x = self._prefix(x, rows)
+        counters = self._counters[rows] if not self._shared else self._shared_counters(G)
+        if key[0] == "mirostat":
+            x = stages.temperature(x, col([p.temperature for p in P]), col([0.0] * G), col([1.0] * G))
+            mu = self._mu[mx.array(rows)][:, None]
+            if key[1] == 2:
+                return stages.mirostat_v2(x, mu)
+            return stages.mirostat_v1(x, mu, V)
+        return self._stages(x, hist, rows, key, counters)
 
-        # Logit bias, then min_tokens: always first.
+    def _prefix(self, x: mx.array, rows: list[int]) -> mx.array:
+        """Logit bias, then min_tokens' end-of-sequence suppression: always first."""
+        P = [self.params[i] for i in rows]
+        G, V = x.shape
         if any(p.logit_bias for p in P):
             r, c, v = [], [], []
             for g, p in enumerate(P):
@@ -168,16 +196,13 @@ class Sampler:
                         if token < V:
                             r.append(g), c.append(token)
             if r:
-                mask = mx.zeros((G, V), dtype=mx.bool_).at[mx.array(r), mx.array(c)].add(True)
-                x = mx.where(mask, -math.inf, x)
+                x = x.at[mx.array(r), mx.array(c)].add(-math.inf)
+        return x
 
-        if key[0] == "mirostat":
-            x = stages.temperature(x, col([p.temperature for p in P]), col([0.0] * G), col([1.0] * G))
-            mu = self._mu[mx.array(rows)][:, None]
-            if key[1] == 2:
-                return stages.mirostat_v2(x, mu)
-            return stages.mirostat_v1(x, mu, V)
-
+    def _stages(self, x, hist, rows, key, counters) -> mx.array:
+        P = [self.params[i] for i in rows]
+        G, V = x.shape
+        col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
         for stage in key:
             if stage == "penalties" and any("penalties" in p.enabled_stages() for p in P):
                 counts = _window_counts(hist, [p.penalty_last_n for p in P], V)
@@ -209,8 +234,12 @@ class Sampler:
                 prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
                 x = stages.xtc(x, col([p.xtc_threshold for p in P]), (coin < prob)[:, None])
             elif stage == "temperature":
-                x = stages.temperature(x, col([p.temperature for p in P]), col([p.dynatemp_range for p in P]),
-                                       col([p.dynatemp_exponent for p in P]))
+                if any(p.dynatemp_range > 0 for p in P):
+                    x = stages.temperature(x, col([p.temperature for p in P]), col([p.dynatemp_range for p in P]),
+                                           col([p.dynatemp_exponent for p in P]))
+                else:
+                    x = stages.plain_temperature(x, col([p.temperature for p in P]),
+                                                 any(p.temperature <= 0 for p in P))
         return x
 
     def _shared_counters(self, B: int) -> np.ndarray:
@@ -225,38 +254,111 @@ class Sampler:
     def _sample(self, logits, history, with_logprobs: bool):
         mx.eval(logits)  # the model's work is not sampling time
         start = time.perf_counter()
-        final = self._final_logits(logits, history)
-        B, V = final.shape
+        rows = self._rows(logits.shape[0]) if isinstance(logits, mx.array) and logits.ndim == 2 else None
+        if rows is not None and not with_logprobs:
+            kinds = {self._kind[i] for i in set(rows)}
+            if kinds <= {"greedy", "plain"}:
+                # No up-front check here: the reductions these paths need anyway reveal NaN
+                # and empty rows, and then the checked path below runs (and raises).
+                tokens = self._unchecked(logits.astype(mx.float32), history, rows, kinds == {"greedy"})
+                if tokens is not None:
+                    return self._finish(tokens, rows, start)
+        x, hist = self._check(logits, history)
+        B, V = x.shape
         rows = self._rows(B)
-        counters = self._shared_counters(B) if self._shared else self._counters
+        counters = self._shared_counters(B) if self._shared else self._counters[rows]
         seeds = mx.array([self._seeds[i] for i in rows], dtype=mx.uint32)
-        probs = mx.softmax(final, axis=-1)
-        u = rng.uniform(seeds, mx.array(counters if self._shared else counters[rows], dtype=mx.uint32), rng.DRAW)
-        cdf = mx.cumsum(probs, axis=-1)
-        target = (u * cdf[:, -1])[:, None]
-        tokens = mx.minimum(mx.sum(cdf < target, axis=-1), V - 1).astype(mx.int32)
-        chosen_p = mx.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
-        miro = [b for b, i in enumerate(rows) if self.params[i].mirostat]
-        if miro:
-            idx = mx.array(miro)
-            src = mx.array([rows[b] for b in miro]) if not self._shared else idx
-            tau = mx.array([self.params[rows[b]].mirostat_tau for b in miro])
-            eta = mx.array([self.params[rows[b]].mirostat_eta for b in miro])
-            surprise = -mx.log2(chosen_p[idx])
-            self._mu = _scatter_1d(self._mu, src, self._mu[src] - eta * (surprise - tau))
-        result = None
+        u = rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.DRAW)
+        tokens = mx.zeros((B,), dtype=mx.int32)
+        final = None
+        groups = self._groups(rows)
+        for key, members in groups.items():
+            g_rows = [rows[b] for b in members]
+            P = [self.params[i] for i in g_rows]
+            whole = len(groups) == 1
+            idx = None if whole else mx.array(members)
+            xg = x if whole else x[idx]
+            hg = hist if whole else [hist[b] for b in members]
+            ug = u if whole else u[idx]
+            if not with_logprobs and key[0] != "mirostat" and fast.eligible(P, key):
+                y = self._prefix(xg, g_rows)
+                if "penalties" in key and any("penalties" in p.enabled_stages() for p in P):
+                    y = fast.sparse_penalties(y, hg, P)
+                if all(p.temperature <= 0 for p in P):  # greedy: every filter keeps the argmax
+                    t = mx.argmax(y, axis=-1).astype(mx.int32)
+                elif not fast.wants_window(P):  # temperature and min-p: passes over all tokens
+                    rest = tuple(s for s in key if s != "penalties")  # penalties are in y already
+                    t = _inverse_cdf(self._stages(y, hg, g_rows, rest, None), ug)
+                else:
+                    t, needs_full = fast.fast_tokens(y, P, key, ug)
+                    if mx.any(needs_full).item():
+                        slow = _inverse_cdf(self._chain(xg, hg, g_rows, members, key), ug)
+                        t = mx.where(needs_full, slow, t)
+            else:
+                fg = self._chain(xg, hg, g_rows, members, key)
+                t = _inverse_cdf(fg, ug)
+                if key[0] == "mirostat":
+                    self._update_mu(fg, t, g_rows)
+            tokens = t if whole else _scatter_1d(tokens, idx, t)
+        result = SampleResult(tokens, *([None] * 8))
         if with_logprobs:
+            final = self._final_from(x, hist)
             result = self._logprobs(logits, final, tokens, rows)
+        mx.eval(tokens, self._mu)
+        self._finish(tokens, rows, start)
+        return result
+
+    def _unchecked(self, x: mx.array, history: History, rows: list[int], greedy: bool) -> mx.array | None:
+        """Greedy and plain-temperature / min-p rows, without the up-front check: None if a
+        row turns out to hold NaN or nothing finite (the caller then takes the checked path)."""
+        B, V = x.shape
+        hist = [[] for _ in range(B)] if history is None else [list(map(int, h)) for h in history]
+        if len(hist) != B:
+            return None  # let the checked path report it
+        for i in set(rows):
+            if self.params[i].logit_bias and max(self.params[i].logit_bias) >= V:
+                return None
+        if self._shared:
+            self._shared_counters(B)
+        P = [self.params[i] for i in rows]
+        y = self._prefix(x, rows)
+        if any("penalties" in p.enabled_stages() for p in P):
+            y = fast.sparse_penalties(y, hist, P)
+        if greedy:
+            tokens = mx.argmax(y, axis=-1).astype(mx.int32)
+            probe = mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]  # NaN or -inf: bad row
         else:
-            result = SampleResult(tokens, *([None] * 8))
+            groups = self._groups(rows)
+            if len(groups) > 1:
+                return None
+            (key,) = groups
+            final = self._stages(y, hist, rows, tuple(s for s in key if s != "penalties"), None)
+            counters = self._shared_counters(B) if self._shared else self._counters[rows]
+            seeds = mx.array([self._seeds[i] for i in rows], dtype=mx.uint32)
+            u = rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.DRAW)
+            tokens, probe = _draw(final, u)  # probe: the row max, NaN or -inf for a bad row
+        if not mx.all(probe > -math.inf).item():
+            return None
+        return tokens
+
+    def _finish(self, tokens: mx.array, rows: list[int], start: float) -> SampleResult:
         mx.eval(tokens, self._mu)
         if self._shared:
             self._counters += 1
         else:
             self._counters[rows] += 1
-        self.stats.draws += B
+        self.stats.draws += len(rows)
         self.stats.seconds += time.perf_counter() - start
-        return result
+        return SampleResult(tokens, *([None] * 8))
+
+    def _update_mu(self, final: mx.array, tokens: mx.array, g_rows: list[int]) -> None:
+        """Mirostat: mu -= eta * (surprise of the drawn token - tau)."""
+        e = stages.exp(final - mx.max(final, axis=-1, keepdims=True))
+        p = mx.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / mx.sum(e, axis=-1)
+        src = mx.array(g_rows) if not self._shared else mx.arange(len(g_rows))
+        tau = mx.array([self.params[i].mirostat_tau for i in g_rows])
+        eta = mx.array([self.params[i].mirostat_eta for i in g_rows])
+        self._mu = _scatter_1d(self._mu, src, self._mu[src] - eta * (-mx.log2(p) - tau))
 
     def _logprobs(self, logits, final, tokens, rows) -> SampleResult:
         n = max(self.params[i].logprobs for i in set(rows))
@@ -276,10 +378,34 @@ class Sampler:
         return SampleResult(tokens, lp, rlp, rank, rrank, top, top_lp, rtop, rtop_lp)
 
 
+def _kind(p: SamplingParams) -> str:
+    if p.mirostat or not fast.eligible([p], p.order):
+        return "full"
+    if p.temperature <= 0:
+        return "greedy"
+    return "window" if fast.wants_window([p]) else "plain"
+
+
 def token_distribution(logits: mx.array, params: SamplingParams | Sequence[SamplingParams],
                        history: History = None, tokenizer=None) -> mx.array:
     """The distribution a fresh `Sampler(params)` would draw the next token from."""
     return Sampler(params, tokenizer).distribution(logits, history)
+
+
+@mx.compile
+def _draw(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+    """One token per row: the first whose running (unnormalised) mass, in vocabulary order,
+    reaches u times the total. Excluded tokens add exactly 0 and are never chosen. Also
+    returns each row's max (NaN or -inf reveal a row that cannot be sampled)."""
+    top = mx.max(final, axis=-1, keepdims=True)
+    cdf = mx.cumsum(stages.exp(final - top), axis=-1)
+    target = u[:, None] * cdf[:, -1:]
+    tokens = mx.minimum(mx.sum(cdf < target, axis=-1), final.shape[-1] - 1).astype(mx.int32)
+    return tokens, top[:, 0]
+
+
+def _inverse_cdf(final: mx.array, u: mx.array) -> mx.array:
+    return _draw(final, u)[0]
 
 
 def _scatter_rows(out: mx.array, idx: mx.array, rows: mx.array) -> mx.array:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import mlx.core as mx
 
-from .basic import keep_top_k, keep_top_p, make_sampler
+from .basic import categorical_draw, keep_top_k, keep_top_p, make_sampler
 from .checks import check_float, check_int
 from .filters import keep_min_p, xtc_mask
 from .penalties import apply_frequency, apply_presence, apply_repetition, token_counts
@@ -33,7 +33,7 @@ def greedy_sampler(logprobs: mx.array) -> mx.array:
 def categorical_sampling(logits: mx.array, temp: float) -> mx.array:
     """One token per row drawn from `softmax(logits / temp)`."""
     temp = check_float("temp", temp, minimum=0.0, min_open=True)
-    return mx.random.categorical(logits * (1.0 / temp))
+    return categorical_draw(logits, 1.0 / temp)
 
 
 def apply_top_k(logprobs: mx.array, top_k: int) -> mx.array:

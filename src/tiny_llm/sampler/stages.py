@@ -9,10 +9,23 @@ import math
 import mlx.core as mx
 
 NEG_INF = -math.inf
+LOG2E = 1.4426950408889634
+
+
+def exp(z: mx.array) -> mx.array:
+    """e**z as 2**(z log2 e): on MLX's CPU backend 2**z is about three times faster than
+    exp, and every path of the engine uses this same function, so they agree."""
+    return mx.power(2.0, z * LOG2E)
+
+
+def softmax(x: mx.array) -> mx.array:
+    """Probabilities over the candidates; excluded tokens (-inf) get exactly 0."""
+    e = exp(x - mx.max(x, axis=-1, keepdims=True))
+    return e / mx.sum(e, axis=-1, keepdims=True)
 
 
 def _probs(x: mx.array) -> mx.array:
-    return mx.softmax(x, axis=-1)  # exp(-inf) = 0: excluded tokens get exactly 0
+    return softmax(x)
 
 
 def _descending(x: mx.array) -> tuple[mx.array, mx.array]:
@@ -69,7 +82,11 @@ def typical_p(x, p):
 
 def top_p(x, p):
     """Nucleus: the smallest set of most likely tokens whose mass reaches p (p < 1)."""
-    xs, ps = _descending(x)
+    xs = -mx.sort(-x, axis=-1)
+    top = xs[:, :1]
+    # The normaliser is summed in vocabulary order (as the fast path sums it).
+    z = mx.sum(exp(x - top), axis=-1, keepdims=True)
+    ps = exp(xs - top) / z
     before = mx.cumsum(ps, axis=-1) - ps
     kept = mx.maximum(mx.sum(before < p, axis=-1, keepdims=True), 1)
     threshold = mx.take_along_axis(xs, kept - 1, axis=-1)
@@ -98,6 +115,12 @@ def greedy(x):
     V = x.shape[-1]
     best = mx.argmax(x, axis=-1, keepdims=True)
     return mx.where(mx.arange(V)[None, :] == best, x, NEG_INF)
+
+
+def plain_temperature(x, t, any_greedy: bool):
+    """Divide by t; rows with t <= 0 keep only their argmax."""
+    scaled = mx.where(t > 0, x / mx.where(t > 0, t, 1.0), x)
+    return mx.where(t <= 0, greedy(x), scaled) if any_greedy else scaled
 
 
 def temperature(x, t, dyn_range, dyn_exponent):
