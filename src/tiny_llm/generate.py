@@ -118,7 +118,8 @@ def stream_generate(
     if params is not None:
         if sampler is not None:
             raise ValueError("pass either sampler or params, not both")
-        sampler = _engine_sampler(params, tokenizer, prompt.tolist())
+        sampler, recorder = _engine_sampler(params, tokenizer, prompt.tolist())
+        logits_processors = [*(logits_processors or []), recorder]
 
     detokenizer = StreamingDetokenizer(tokenizer)
     eos = tokenizer.eos_token_ids
@@ -163,17 +164,26 @@ def stream_generate(
             return
 
 
-def _engine_sampler(params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]) -> SamplerFunction:
-    """Adapt the engine to generate_step's `sampler(logprobs)`: it keeps the history."""
+def _engine_sampler(
+    params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]
+) -> tuple[SamplerFunction, LogitsProcessor]:
+    """Adapt the engine to generate_step: a last logits processor hands it the logits (its
+    repetition penalty acts on logits, not on normalised log-probabilities), and the
+    sampler keeps the history."""
     engine = params if isinstance(params, Sampler) else Sampler(params, tokenizer)
     history = list(prompt)
+    seen: list[mx.array] = []
 
-    def sample(logprobs: mx.array) -> mx.array:
-        token = engine.sample(logprobs, [history])
+    def record(_tokens: mx.array, logits: mx.array) -> mx.array:
+        seen[:] = [logits]
+        return logits
+
+    def sample(_logprobs: mx.array) -> mx.array:
+        token = engine.sample(seen[0], [history])
         history.append(int(token.item()))
         return token
 
-    return sample
+    return sample, record
 
 
 def generate(

@@ -68,6 +68,7 @@ class Sampler:
         # Which path each row's parameters allow: "greedy" and "plain" (temperature and
         # min-p only) skip the window; "window" uses it; "full" runs the whole chain.
         self._kind = [_kind(p) for p in rows]
+        self._penalised = ["penalties" in p.enabled_stages() for p in rows]
         self._breakers = [_encode_breakers(p, tokenizer) for p in rows]
         # Unseeded rows draw a fresh seed once: their stream is new but self-consistent.
         self._seeds = [p.seed if p.seed is not None else secrets.randbits(32) for p in rows]
@@ -113,27 +114,34 @@ class Sampler:
             shape = getattr(logits, "shape", None)
             raise ValueError(f"logits must be an mx.array [B, V], got shape {shape}")
         B, V = logits.shape
+        for i in set(self._rows(B)):
+            p = self.params[i]
+            if p.logit_bias and max(p.logit_bias) >= V:
+                raise ValueError(f"logit_bias names token {max(p.logit_bias)}, but the vocabulary has {V} tokens")
         x = logits.astype(mx.float32)
-        # One reduction answers both questions: a row's max is NaN if it holds a NaN, and
-        # -inf if nothing can be sampled.
+        # One reduction answers every question: a row's max is NaN if it holds a NaN, +inf
+        # if it holds +inf, and -inf if nothing can be sampled.
         top = mx.max(x, axis=-1)
         if mx.any(mx.isnan(top)).item():
             x = mx.where(mx.isnan(x), -math.inf, x)  # NaN counts as excluded
-            top = mx.max(x, axis=-1)
-        finite = (top > -math.inf).tolist()
-        if not all(finite):
-            bad = finite.index(False)
-            raise ValueError(f"row {bad} of the logits has no finite value: nothing can be sampled")
+        # Logit bias and min_tokens come first in every chain; they may remove the last
+        # candidate, so the check looks at what they leave.
+        x = self._prefix(x, self._rows(B))
+        top = mx.max(x, axis=-1).tolist()
+        for row, value in enumerate(top):
+            if math.isnan(value) or value == math.inf:
+                raise ValueError(f"row {row} of the logits has +inf: probabilities are undefined")
+            if value == -math.inf:
+                raise ValueError(
+                    f"row {row} of the logits has no finite value (after logit_bias and "
+                    f"min_tokens): nothing can be sampled"
+                )
         if history is None:
             hist = [[] for _ in range(B)]
         else:
             hist = [list(map(int, h)) for h in history]
             if len(hist) != B:
                 raise ValueError(f"history has {len(hist)} rows but the logits have {B}")
-        for i in set(self._rows(B)):
-            p = self.params[i]
-            if p.logit_bias and max(p.logit_bias) >= V:
-                raise ValueError(f"logit_bias names token {max(p.logit_bias)}, but the vocabulary has {V} tokens")
         return x, hist
 
     def _groups(self, rows: list[int]) -> dict[tuple, list[int]]:
@@ -167,15 +175,15 @@ class Sampler:
         P = [self.params[i] for i in rows]
         G, V = x.shape
         col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
-        x = self._prefix(x, rows)
         counters = self._counters[rows] if not self._shared else self._shared_counters(G)
         if key[0] == "mirostat":
             x = stages.temperature(x, col([p.temperature for p in P]), col([0.0] * G), col([1.0] * G))
-            mu = self._mu[mx.array(rows)][:, None]
+            # mu is kept per batch row when one SamplingParams serves every row.
+            mu = self._mu[mx.array(batch_rows if self._shared else rows)][:, None]
             if key[1] == 2:
                 return stages.mirostat_v2(x, mu)
             return stages.mirostat_v1(x, mu, V)
-        return self._stages(x, hist, rows, key, counters)
+        return self._stages(x, hist, rows, key, counters, batch_rows)
 
     def _prefix(self, x: mx.array, rows: list[int]) -> mx.array:
         """Logit bias, then min_tokens' end-of-sequence suppression: always first."""
@@ -199,7 +207,7 @@ class Sampler:
                 x = x.at[mx.array(r), mx.array(c)].add(-math.inf)
         return x
 
-    def _stages(self, x, hist, rows, key, counters) -> mx.array:
+    def _stages(self, x, hist, rows, key, counters, batch_rows=None) -> mx.array:
         P = [self.params[i] for i in rows]
         G, V = x.shape
         col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
@@ -229,7 +237,7 @@ class Sampler:
             elif stage == "min_p" and any(p.min_p > 0 for p in P):
                 x = stages.min_p(x, col([p.min_p for p in P]))
             elif stage == "xtc" and any(p.xtc_probability > 0 and p.xtc_threshold <= 0.5 for p in P):
-                coin = rng.uniform(mx.array([self._seeds[i] for i in rows], dtype=mx.uint32),
+                coin = rng.uniform(mx.array([self._seeds[b] for b in batch_rows], dtype=mx.uint32),
                                    mx.array(counters, dtype=mx.uint32), rng.XTC)
                 prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
                 x = stages.xtc(x, col([p.xtc_threshold for p in P]), (coin < prob)[:, None])
@@ -247,6 +255,10 @@ class Sampler:
             self._batch = B
             self._counters = np.zeros(B, dtype=np.int64)
             self._mu = mx.full((B,), 2.0 * self.params[0].mirostat_tau)
+            # One seed per batch row: the given one for every row, or fresh ones (so that
+            # unseeded rows are independent of each other).
+            seed = self.params[0].seed
+            self._seeds = [seed if seed is not None else secrets.randbits(32) for _ in range(B)]
         if B != self._batch:
             raise ValueError(f"this sampler has been drawing for {self._batch} rows, now given {B}: call reset() first")
         return self._counters
@@ -260,14 +272,15 @@ class Sampler:
             if kinds <= {"greedy", "plain"}:
                 # No up-front check here: the reductions these paths need anyway reveal NaN
                 # and empty rows, and then the checked path below runs (and raises).
-                tokens = self._unchecked(logits.astype(mx.float32), history, rows, kinds == {"greedy"})
+                x = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+                tokens = self._unchecked(x, history, rows, kinds == {"greedy"})
                 if tokens is not None:
                     return self._finish(tokens, rows, start)
         x, hist = self._check(logits, history)
         B, V = x.shape
         rows = self._rows(B)
         counters = self._shared_counters(B) if self._shared else self._counters[rows]
-        seeds = mx.array([self._seeds[i] for i in rows], dtype=mx.uint32)
+        seeds = mx.array([self._seeds[b] for b in range(len(rows))], dtype=mx.uint32)
         u = rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.DRAW)
         tokens = mx.zeros((B,), dtype=mx.int32)
         final = None
@@ -281,7 +294,7 @@ class Sampler:
             hg = hist if whole else [hist[b] for b in members]
             ug = u if whole else u[idx]
             if not with_logprobs and key[0] != "mirostat" and fast.eligible(P, key):
-                y = self._prefix(xg, g_rows)
+                y = xg  # logit bias and min_tokens are applied already
                 if "penalties" in key and any("penalties" in p.enabled_stages() for p in P):
                     y = fast.sparse_penalties(y, hg, P)
                 if all(p.temperature <= 0 for p in P):  # greedy: every filter keeps the argmax
@@ -322,22 +335,25 @@ class Sampler:
             self._shared_counters(B)
         P = [self.params[i] for i in rows]
         y = self._prefix(x, rows)
-        if any("penalties" in p.enabled_stages() for p in P):
+        if any(self._penalised[i] for i in set(rows)):
             y = fast.sparse_penalties(y, hist, P)
         if greedy:
-            tokens = mx.argmax(y, axis=-1).astype(mx.int32)
-            probe = mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]  # NaN or -inf: bad row
+            tokens, probe = _argmax(y)  # probe: the logit at the argmax, NaN or -inf: bad row
         else:
             groups = self._groups(rows)
             if len(groups) > 1:
                 return None
             (key,) = groups
-            final = self._stages(y, hist, rows, tuple(s for s in key if s != "penalties"), None)
             counters = self._shared_counters(B) if self._shared else self._counters[rows]
-            seeds = mx.array([self._seeds[i] for i in rows], dtype=mx.uint32)
+            seeds = mx.array([self._seeds[b] for b in range(len(rows))], dtype=mx.uint32)
             u = rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.DRAW)
-            tokens, probe = _draw(final, u)  # probe: the row max, NaN or -inf for a bad row
-        if not mx.all(probe > -math.inf).item():
+            if all(p.min_p <= 0 for p in P):  # temperature alone: one fused pass
+                t = mx.array([p.temperature for p in P], dtype=mx.float32)[:, None]
+                tokens, probe = _draw_tempered(y, t, u)
+            else:
+                final = self._stages(y, hist, rows, tuple(s for s in key if s != "penalties"), None)
+                tokens, probe = _draw(final, u)  # probe: the row max, NaN or -inf: bad row
+        if not mx.all((probe > -math.inf) & (probe < math.inf)).item():
             return None
         return tokens
 
@@ -402,6 +418,18 @@ def _draw(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
     target = u[:, None] * cdf[:, -1:]
     tokens = mx.minimum(mx.sum(cdf < target, axis=-1), final.shape[-1] - 1).astype(mx.int32)
     return tokens, top[:, 0]
+
+
+@mx.compile
+def _draw_tempered(x: mx.array, t: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+    """`_draw` of `x / t` (t > 0), with the division in the same fused pass."""
+    return _draw(x / t, u)
+
+
+@mx.compile
+def _argmax(y: mx.array) -> tuple[mx.array, mx.array]:
+    tokens = mx.argmax(y, axis=-1).astype(mx.int32)
+    return tokens, mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
 
 
 def _inverse_cdf(final: mx.array, u: mx.array) -> mx.array:

@@ -19,9 +19,10 @@ def _mix(x: mx.array) -> mx.array:
 
 
 def uniform(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
-    """`[B]` floats in the open interval (0, 1) with 24 random bits each."""
+    """`[B]` floats in the open interval (0, 1) with 23 random bits each."""
     h = _mix(seeds.astype(mx.uint32))
     h = _mix(h ^ counters.astype(mx.uint32))
     h = _mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
-    # The top 24 bits, centred in their bucket: never exactly 0 or 1.
-    return ((h >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))
+    # The top 23 bits, centred in their bucket: (k + 0.5) / 2**23 is exact in float32, so
+    # the result is never 0 or 1.
+    return ((h >> 9).astype(mx.float32) + 0.5) * (1.0 / (1 << 23))
