@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: setup demo test check-course book clean
+.PHONY: setup demo test check-course book bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: setup
 # Every day's tests fail without that day's solution (and only those).
 check-course: setup
 	$(PY) scripts/check_course.py
+
+# Sampling speed against mlx-lm (QUICK=1 for a short smoke run).
+bench: setup
+	$(PY) scripts/bench_sampler.py $(if $(QUICK),--quick,)
 
 book: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml

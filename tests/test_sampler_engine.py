@@ -1,0 +1,823 @@
+"""The sampling engine as a whole: every preset against an independent numpy re-implementation
+of its rule, batch invariance of mixed batches, chi-square goodness of fit of the drawn
+tokens, seeding and replay, `sample_with_logprobs` consistency and bad input.
+
+The reference below is written from the specification (float64 numpy, one row at a time,
+no code shared with `tiny_llm.sampler`). Inputs are chosen away from every filter's
+decision boundary: the reference records how far each decision was from flipping and the
+input search skips cases closer than `MARGIN`.
+"""
+
+import math
+import re
+from collections import Counter
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from tiny_llm.sampler import Sampler, SamplingParams, token_distribution
+
+INF = math.inf
+MARGIN = 1e-3  # minimum distance of any filter decision from its threshold in the inputs
+ALPHA = 1e-4  # false-alarm rate of each chi-square test
+
+
+# =========================================================================== numpy reference
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the finite entries of `x` (float64); the others get 0."""
+    fin = np.isfinite(x)
+    e = np.zeros_like(x)
+    e[fin] = np.exp(x[fin] - x[fin].max())
+    return e / e.sum()
+
+
+def ref_penalties(x, hist, p):
+    n = p.penalty_last_n
+    window = list(hist) if n == -1 else (list(hist)[-n:] if n > 0 else [])
+    x = x.copy()
+    for t, c in Counter(window).items():
+        if not np.isfinite(x[t]):
+            continue
+        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+        x[t] -= c * p.frequency_penalty + p.presence_penalty
+    return x
+
+
+def ref_dry(x, hist, p):
+    """Brute force over the spec's definition; single-token breakers only."""
+    n_last = p.dry_penalty_last_n
+    h = list(hist) if n_last == -1 else (list(hist)[-n_last:] if n_last > 0 else [])
+    breakers = {b[0] for b in p.dry_sequence_breakers}
+    assert all(len(b) == 1 for b in p.dry_sequence_breakers)
+    start = max([j + 1 for j, t in enumerate(h) if t in breakers], default=0)
+    longest = len(h) - start  # the matched suffix lies after the last breaker
+    best: dict[int, int] = {}
+    for i in range(len(h)):  # h[i] follows h[i-n:i]
+        n = 0
+        while n < longest and n < i and h[i - 1 - n] == h[len(h) - 1 - n]:
+            n += 1
+        best[h[i]] = max(best.get(h[i], 0), n)
+    x = x.copy()
+    for t, n in best.items():
+        if n >= p.dry_allowed_length:
+            x[t] -= p.dry_multiplier * p.dry_base ** (n - p.dry_allowed_length)
+    return x
+
+
+def ref_top_n_sigma(x, n, margins):
+    f = x[np.isfinite(x)]
+    thr = f.max() - n * f.std()
+    margins.append(("top_n_sigma", np.abs(f - thr).min()))
+    return np.where(x >= thr, x, -INF)
+
+
+def ref_top_k(x, k, margins):
+    f = np.sort(x[np.isfinite(x)])[::-1]
+    if k >= len(f):
+        return x
+    margins.append(("top_k", f[k - 1] - f[k]))
+    return np.where(x >= f[k - 1], x, -INF)
+
+
+def ref_prefix_filter(x, order, pr, limit, keep_while, name, margins, key):
+    """Keep tokens in `order` while `keep_while(mass before, limit)` (at least one); keep
+    ties (equal `key`) of the last kept one."""
+    order = np.asarray(order)
+    before = np.concatenate([[0.0], np.cumsum(pr[order])[:-1]])
+    ok = keep_while(before, limit)
+    ok[0] = True
+    n = len(order) if ok.all() else int(np.argmin(ok))  # `before` grows: ok is True then False
+    margins.append((name, np.abs(before[: n + 1] - limit).min()))
+    keep = np.isfinite(x) & (key == key[order[n - 1]])
+    keep[order[:n]] = True
+    return np.where(keep, x, -INF)
+
+
+def ref_typical(x, tp, margins):
+    pr = softmax(x)
+    fin = np.isfinite(x)
+    logp = np.where(fin, np.log(np.where(fin, pr, 1.0)), 0.0)
+    H = -(pr[fin] * logp[fin]).sum()
+    score = np.where(fin, np.abs(-logp - H), INF)
+    order = [j for j in np.argsort(score, kind="stable") if fin[j]]
+    return ref_prefix_filter(x, order, pr, tp, lambda b, lim: b <= lim, "typical_p", margins, score)
+
+
+def ref_top_p(x, tp, margins):
+    pr = softmax(x)
+    order = [j for j in np.argsort(-pr, kind="stable") if np.isfinite(x[j])]
+    return ref_prefix_filter(x, order, pr, tp, lambda b, lim: b < lim, "top_p", margins, pr)
+
+
+def ref_min_p(x, mp, margins):
+    pr = softmax(x)
+    fin = np.isfinite(x)
+    thr = mp * pr.max()
+    margins.append(("min_p", np.abs(np.log(pr[fin]) - np.log(thr)).min()))
+    return np.where(fin & (pr >= thr), x, -INF)
+
+
+def ref_xtc(x, thr, margins):
+    pr = softmax(x)
+    fin = np.isfinite(x)
+    margins.append(("xtc", np.abs(np.log(pr[fin]) - np.log(thr)).min()))
+    above = fin & (pr >= thr)
+    if above.sum() < 2:
+        return x
+    least = pr[above].min()
+    return np.where(above & (pr > least), -INF, x)
+
+
+def ref_greedy(x):
+    j = int(np.argmax(np.where(np.isfinite(x), x, -INF)))  # first maximum
+    return np.where(np.arange(len(x)) == j, 0.0, -INF)
+
+
+def ref_temperature(x, p):
+    T, d = p.temperature, p.dynatemp_range
+    if T <= 0:
+        return ref_greedy(x)
+    if d > 0:
+        fin = np.isfinite(x)
+        n = fin.sum()
+        if n <= 1:
+            return x
+        pr = softmax(x)[fin]
+        h_norm = -(pr * np.log(pr)).sum() / math.log(n)
+        lo, hi = max(0.0, T - d), T + d
+        return x / (lo + (hi - lo) * h_norm**p.dynatemp_exponent)
+    return x / T
+
+
+def ref_mirostat(x, p, mu, n_vocab, margins):
+    pr = softmax(x)
+    fin = np.isfinite(x)
+    order = [j for j in np.argsort(-pr, kind="stable") if fin[j]]
+    if p.mirostat == 2:
+        surprise = -np.log2(pr[order])
+        margins.append(("mirostat_v2", np.abs(surprise - mu).min()))
+        kept = order[: max(1, int((surprise <= mu).sum()))]
+    else:
+        ps = pr[order]
+        num = den = 0.0
+        for i in range(min(100 - 1, len(ps) - 1)):
+            t = math.log((i + 2) / (i + 1))
+            num += t * math.log(ps[i] / ps[i + 1])
+            den += t * t
+        s_hat = num / den
+        eps = s_hat - 1
+        k = ((eps * 2**mu) / (1 - n_vocab ** (-eps))) ** (1 / s_hat)
+        margins.append(("mirostat_v1", abs(k - round(k))))
+        kept = order[: max(int(k), 1)]
+    keep = np.zeros(len(x), bool)
+    keep[kept] = True
+    return np.where(keep, x, -INF)
+
+
+def ref_distribution(row, p: SamplingParams, hist=(), sampled=0, mu=None, margins=None):
+    """The spec's distribution for one row (`sampled`: tokens this row has drawn so far)."""
+    margins = [] if margins is None else margins
+    x = np.asarray(row, dtype=np.float64).copy()
+    x[np.isnan(x)] = -INF
+    for t, b in p.logit_bias.items():
+        x[t] += b
+    if sampled < p.min_tokens:
+        x[list(p.eos_token_ids)] = -INF
+    if p.mirostat:
+        x = ref_greedy(x) if p.temperature <= 0 else x / p.temperature
+        mu = 2 * p.mirostat_tau if mu is None else mu
+        return softmax(ref_mirostat(x, p, mu, len(x), margins))
+    for stage in p.order:
+        if stage == "penalties":
+            x = ref_penalties(x, hist, p)
+        elif stage == "dry" and p.dry_multiplier > 0:
+            x = ref_dry(x, hist, p)
+        elif stage == "top_n_sigma" and p.top_n_sigma > 0:
+            x = ref_top_n_sigma(x, p.top_n_sigma, margins)
+        elif stage == "top_k" and p.top_k > 0:
+            x = ref_top_k(x, p.top_k, margins)
+        elif stage == "typical_p" and p.typical_p < 1:
+            x = ref_typical(x, p.typical_p, margins)
+        elif stage == "top_p" and p.top_p < 1:
+            x = ref_top_p(x, p.top_p, margins)
+        elif stage == "min_p" and p.min_p > 0:
+            x = ref_min_p(x, p.min_p, margins)
+        elif stage == "xtc" and p.xtc_probability > 0 and p.xtc_threshold <= 0.5:
+            assert p.xtc_probability == 1.0, "the reference only knows XTC that always fires"
+            x = ref_xtc(x, p.xtc_threshold, margins)
+        elif stage == "temperature":
+            x = ref_temperature(x, p)
+    return softmax(x)
+
+
+def test_reference_reproduces_hand_examples():
+    """The reference itself agrees with the spec's worked examples (penalties, DRY)."""
+    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    np.testing.assert_allclose(ref_penalties(np.array([2.0, -2, 1, 0]), [0, 1, 0], p),
+                               [-0.25, -4.75, 1.0, 0.0])
+    d = SamplingParams(dry_multiplier=1.0, dry_base=2.0, dry_sequence_breakers=())
+    np.testing.assert_allclose(ref_dry(np.zeros(6), [1, 2, 3, 4, 1, 2, 3], d), [0, 0, 0, 0, -2, 0])
+    d = SamplingParams(dry_multiplier=1.0, dry_base=2.0, dry_sequence_breakers=[(2,)])
+    np.testing.assert_allclose(ref_dry(np.zeros(6), [1, 2, 3, 4, 1, 2, 3], d), np.zeros(6))
+
+
+# =========================================================================== inputs
+
+
+def make_inputs(seed, B=4, V=50, hist_len=30):
+    """Seeded logits [B, V] (N(0, 2^2), float32) and histories that contain a repeated
+    5-token segment (so DRY has something to penalise)."""
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((B, V)) * 2.0).astype(np.float32)
+    history = []
+    for _ in range(B):
+        seg = rng.integers(0, V, 5).tolist()
+        h = rng.integers(0, V, 12).tolist() + seg + rng.integers(0, V, hist_len - 20).tolist() + seg[:3]
+        history.append(h)
+    return logits, history
+
+
+def off_boundary_inputs(params: SamplingParams, B=4, V=50):
+    """The first seeded input whose every filter decision is at least MARGIN from flipping."""
+    for seed in range(200):
+        logits, history = make_inputs(seed, B, V)
+        margins = []
+        for b in range(B):
+            ref_distribution(logits[b], params, history[b], margins=margins)
+        if all(m > MARGIN for _, m in margins):
+            return logits, history
+    raise AssertionError("no off-boundary input found")  # pragma: no cover
+
+
+COMMON = dict(temperature=0.7, top_k=10, top_p=0.8, min_p=0.05, repetition_penalty=1.3,
+              frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=16)
+# llama.cpp's own extras: penalties and DRY with dynamic temperature, plus filters.
+LLAMA_EXTRAS = dict(temperature=0.7, repetition_penalty=1.3, frequency_penalty=0.2,
+                    presence_penalty=0.1, penalty_last_n=16, dry_multiplier=0.8, dry_base=1.75,
+                    dry_allowed_length=2, dry_sequence_breakers=(), dynatemp_range=0.3)
+
+PRESET_CASES = {
+    "llama.cpp": dict(COMMON),
+    # Each of these two changes the result when any one of its stages is switched off.
+    "llama.cpp-sigma-min_p-xtc": dict(LLAMA_EXTRAS, top_n_sigma=1.5, min_p=0.05,
+                                      xtc_probability=1.0, xtc_threshold=0.1),
+    "llama.cpp-k-typical-p": dict(LLAMA_EXTRAS, top_k=20, typical_p=0.8, top_p=0.95),
+    # Every stage switched on at once.
+    "llama.cpp-all-stages": dict(LLAMA_EXTRAS, top_n_sigma=2.5, top_k=15, typical_p=0.97,
+                                 top_p=0.97, min_p=0.01, xtc_probability=1.0, xtc_threshold=0.2),
+    "hf": dict(COMMON, order="hf", typical_p=0.9),
+    "vllm": dict(COMMON, order="vllm"),
+    "mlx-lm": dict(COMMON, order="mlx-lm", xtc_probability=1.0, xtc_threshold=0.1),
+    "custom-order": dict(temperature=1.4, top_k=12, top_p=0.6, order="nucleus;top-k;temp"),
+    "hf-dynatemp": dict(order="hf", temperature=1.2, dynatemp_range=0.5, dynatemp_exponent=2.0,
+                        top_k=15, min_p=0.1),
+}
+
+
+# =========================================================================== (a) presets
+
+
+@pytest.mark.parametrize("case", list(PRESET_CASES))
+def test_preset_matches_numpy_reference(case):
+    """Each preset order (and a custom aliased order) gives, on seeded random logits with
+    per-row histories, the distribution of a direct numpy implementation of that order
+    (atol 1e-5); also through `token_distribution`."""
+    params = SamplingParams(**PRESET_CASES[case])
+    logits, history = off_boundary_inputs(params)
+    expected = np.stack([ref_distribution(logits[b], params, history[b]) for b in range(4)])
+    # The chosen parameters really filter: some but not all tokens survive in every row.
+    assert np.all((expected > 0).sum(axis=1) > 1) and np.all((expected == 0).sum(axis=1) > 0)
+    got = np.array(Sampler(params).distribution(mx.array(logits), history))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    assert np.all(got[expected == 0] == 0.0)
+    got2 = np.array(token_distribution(mx.array(logits), params, history))
+    np.testing.assert_allclose(got2, expected, atol=1e-5, rtol=0)
+
+
+def test_order_changes_the_result():
+    """Temperature-first (hf) and temperature-last (llama.cpp) differ on the Camelid#534
+    example: logits [3, 2, 1], top_p 0.8, T 0.5. Temperature first: p = [.867, .117, .016],
+    top-p keeps {0}. Temperature last: p = [.665, .245, .090] keeps {0, 1}, then T=0.5 ->
+    weights e^6, e^4."""
+    x = mx.array([[3.0, 2.0, 1.0]])
+    hf = np.array(token_distribution(x, SamplingParams(top_p=0.8, temperature=0.5, order="hf")))[0]
+    np.testing.assert_allclose(hf, [1.0, 0.0, 0.0], atol=1e-6)
+    ll = np.array(token_distribution(x, SamplingParams(top_p=0.8, temperature=0.5)))[0]
+    w = np.exp([6.0, 4.0])
+    np.testing.assert_allclose(ll, [w[0] / w.sum(), w[1] / w.sum(), 0.0], atol=1e-6)
+
+
+def test_mlx_lm_order_top_p_before_top_k():
+    """SAMPLERS.md's measured case: p = [.1,.2,.3,.4], top_p 0.5, top_k 2. mlx-lm order
+    (top-p on the full distribution, then top-k) keeps {2, 3} -> [0, 0, 3/7, 4/7]; llama.cpp
+    order (top-k -> {.43, .57}, then top-p 0.5) keeps only token 3."""
+    x = mx.array(np.log([[0.1, 0.2, 0.3, 0.4]]).astype(np.float32))
+    mlx = np.array(token_distribution(x, SamplingParams(top_p=0.5, top_k=2, order="mlx-lm")))[0]
+    np.testing.assert_allclose(mlx, [0, 0, 3 / 7, 4 / 7], atol=1e-6)
+    ll = np.array(token_distribution(x, SamplingParams(top_p=0.5, top_k=2)))[0]
+    np.testing.assert_allclose(ll, [0, 0, 0, 1], atol=1e-6)
+
+
+# =========================================================================== (a') large vocabularies
+
+# LLM-like rows: ten head tokens with these probabilities at random positions, and a tail of
+# V - 10 tokens (log-normal weights) holding the remaining 0.256 of the mass, so that filters
+# decide among the head while the tail's mass still counts in every normalisation.
+HEAD = np.array([0.2, 0.15, 0.1, 0.08, 0.06, 0.05, 0.04, 0.03, 0.022, 0.012])
+
+
+def llm_like_logits(seed, B, V):
+    rng = np.random.default_rng(seed)
+    out = np.empty((B, V))
+    for b in range(B):
+        w = np.exp(rng.normal(0.0, 0.5, V))
+        head = rng.choice(V, len(HEAD), replace=False)
+        w[head] = 0.0
+        p = (1.0 - HEAD.sum()) * w / w.sum()
+        p[head] = HEAD
+        out[b] = np.log(p) + rng.normal(0.0, 3.0)  # a random shift: softmax ignores it
+    return out.astype(np.float32)
+
+
+def large_inputs(params, B=3, V=50_000, tolerant=()):
+    """The first seeded LLM-like input whose decisions are off-boundary (stages in
+    `tolerant` excepted; top-k compares unmodified float32 logits, so its margin is small)."""
+    for seed in range(50):
+        logits = llm_like_logits(seed, B, V)
+        rng = np.random.default_rng(seed)
+        history = [rng.choice(V, 40).tolist() + np.argsort(-logits[b])[:3].tolist() for b in range(B)]
+        margins = []
+        for b in range(B):
+            ref_distribution(logits[b], params, history[b], margins=margins)
+        if all(m > (1e-5 if what == "top_k" else MARGIN) for what, m in margins if what not in tolerant):
+            return logits, history
+    raise AssertionError("no off-boundary input found")  # pragma: no cover
+
+
+LARGE_CASES = {
+    "llama.cpp": dict(temperature=0.7, top_k=10, top_p=0.5, min_p=0.05),
+    "top_p-only": dict(top_p=0.6),
+    "min_p-only": dict(min_p=0.08, temperature=1.3),
+    "top_k-wide-with-penalties": dict(top_k=300, repetition_penalty=1.3, presence_penalty=0.5,
+                                      temperature=0.9),
+    "top_k-2000": dict(top_k=2000, temperature=1.1),
+    "top_k-5000": dict(top_k=5000, temperature=1.1),
+    "mlx-lm": dict(order="mlx-lm", top_p=0.7, min_p=0.08, top_k=30, temperature=1.2),
+    "vllm": dict(order="vllm", temperature=0.7, min_p=0.02, top_k=50, top_p=0.8),
+    "hf-typical": dict(order="hf", temperature=1.1, top_k=100, typical_p=0.5),
+    "top_n_sigma": dict(top_n_sigma=3.0, temperature=0.8),
+    "xtc": dict(xtc_probability=1.0, xtc_threshold=0.09),
+    "mirostat-v2": dict(mirostat=2, mirostat_tau=3.0),
+    "mirostat-v1": dict(mirostat=1, mirostat_tau=3.0),
+}
+
+
+@pytest.mark.parametrize("case", list(LARGE_CASES))
+def test_large_vocabulary_matches_reference(case):
+    """V = 50,000 LLM-like rows (the filters decide among ten head tokens while a long tail
+    holds a quarter of the mass): the distribution equals the numpy reference (atol 1e-5,
+    excluded tokens exactly 0), and tokens drawn by `sample` lie in its support."""
+    params = SamplingParams(**LARGE_CASES[case], seed=3)
+    logits, history = large_inputs(params)
+    expected = np.stack([ref_distribution(logits[b], params, history[b]) for b in range(3)])
+    s = Sampler(params)
+    got = np.array(s.distribution(mx.array(logits), history))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    assert np.all(got[expected == 0] == 0.0)
+    for _ in range(5):
+        tokens = np.array(s.sample(mx.array(logits), history))
+        assert np.all(expected[np.arange(3), tokens] > 0), f"{case}: drew {tokens}"
+        if params.mirostat:
+            break  # mu moves after a draw
+
+
+@pytest.mark.parametrize("stage,kwargs,nudged", [
+    ("top_p", dict(top_p=0.9), [dict(top_p=0.9 - 1e-4), dict(top_p=0.9 + 1e-4)]),
+    ("min_p", dict(min_p=1e-5), [dict(min_p=1e-5 * 0.999), dict(min_p=1e-5 * 1.001)]),
+])
+def test_large_vocabulary_boundary_in_the_tail(stage, kwargs, nudged):
+    """A nucleus (or min-p set) reaching deep into a 50,000-token tail, far beyond any
+    window of top tokens: the engine's support lies between the reference supports for the
+    parameter nudged by a rounding-sized amount either way (only tokens within 1e-4 of the
+    threshold may go either way), and the distribution is the softmax over that support."""
+    params = SamplingParams(**kwargs, seed=4)
+    logits, history = large_inputs(params, tolerant=(stage,))
+    supports = [np.stack([ref_distribution(logits[b], SamplingParams(**n), history[b]) > 0
+                          for b in range(3)]) for n in nudged]
+    inner, outer = supports[0] & supports[1], supports[0] | supports[1]
+    assert inner.sum(axis=1).min() > 1000  # the decision really is in the tail
+    s = Sampler(params)
+    got = np.array(s.distribution(mx.array(logits), history))
+    support = got > 0
+    assert np.all(support >= inner) and np.all(support <= outer)
+    for b in range(3):
+        np.testing.assert_allclose(got[b], softmax(np.where(support[b], logits[b].astype(np.float64), -INF)),
+                                   atol=1e-5, rtol=0)
+    tokens = np.array(s.sample(mx.array(logits), history))
+    assert np.all(got[np.arange(3), tokens] > 0)
+
+
+# =========================================================================== (b) batch invariance
+
+MIXED = [
+    SamplingParams(temperature=0.8, top_k=20, top_p=0.9, typical_p=0.95, dry_multiplier=0.8,
+                   dry_sequence_breakers=[(7,)], min_tokens=3, eos_token_ids=(0,), seed=11),
+    SamplingParams(order="hf", temperature=1.2, top_p=0.7, repetition_penalty=1.2,
+                   frequency_penalty=0.1, seed=22),
+    SamplingParams(order="mlx-lm", min_p=0.1, xtc_probability=0.5, xtc_threshold=0.1, seed=33),
+    SamplingParams(mirostat=2, mirostat_tau=3.0, mirostat_eta=0.2, temperature=0.9, seed=44),
+]
+
+
+def test_mixed_batch_rows_equal_rows_alone():
+    """A batch of 4 rows with different params (orders, DRY, min_tokens, XTC at p=.5,
+    mirostat v2): over 20 steps each row's distribution equals (atol 1e-6) and each drawn
+    token exactly equals the same row sampled alone, and rows (3, 1) as a batch of two."""
+    rng = np.random.default_rng(0)
+    V = 50
+    batch = Sampler(MIXED)
+    alone = [Sampler(p) for p in MIXED]
+    pair = Sampler([MIXED[3], MIXED[1]])
+    history = [rng.integers(1, V, 10).tolist() for _ in range(4)]
+    drawn = [[] for _ in range(4)]
+    for step in range(20):
+        logits = (rng.standard_normal((4, V)) * 2.0).astype(np.float32)
+        x = mx.array(logits)
+        dist = np.array(batch.distribution(x, history))
+        x31 = mx.array(logits[[3, 1]])
+        pair_dist = np.array(pair.distribution(x31, [history[3], history[1]]))
+        for i in range(4):
+            one = np.array(alone[i].distribution(x[i : i + 1], [history[i]]))[0]
+            np.testing.assert_allclose(dist[i], one, atol=1e-6, rtol=0, err_msg=f"row {i} step {step}")
+        np.testing.assert_allclose(pair_dist, dist[[3, 1]], atol=1e-6, rtol=0)
+        tokens = np.array(batch.sample(x, history)).tolist()
+        pair_tokens = np.array(pair.sample(x31, [history[3], history[1]])).tolist()
+        for i in range(4):
+            t = int(alone[i].sample(x[i : i + 1], [history[i]])[0])
+            assert tokens[i] == t, f"row {i} step {step}: batch drew {tokens[i]}, alone {t}"
+            assert dist[i, t] > 0
+        assert pair_tokens == [tokens[3], tokens[1]]
+        for i in range(4):
+            history[i].append(tokens[i])
+            drawn[i].append(tokens[i])
+    assert 0 not in drawn[0][:3]  # min_tokens=3 kept EOS out of row 0's first three draws
+    assert all(len(set(d)) > 3 for d in drawn)  # the rows really sampled
+
+
+def test_single_params_apply_to_every_row():
+    """One SamplingParams object serves any batch size; each row equals that row alone."""
+    rng = np.random.default_rng(1)
+    p = SamplingParams(temperature=0.9, top_k=30, seed=5)
+    batch, alone = Sampler(p), [Sampler(p) for _ in range(3)]
+    for _ in range(10):
+        x = mx.array((rng.standard_normal((3, 40)) * 2).astype(np.float32))
+        drawn = np.array(batch.sample(x))
+        assert drawn.shape == (3,) and np.issubdtype(drawn.dtype, np.integer)
+        assert drawn.tolist() == [int(alone[i].sample(x[i : i + 1])[0]) for i in range(3)]
+
+
+MIXED_LARGE = [
+    SamplingParams(top_k=50, top_p=0.9, temperature=0.8, seed=1),
+    SamplingParams(top_k=50, dry_multiplier=0.8, dry_sequence_breakers=(), seed=2),
+    SamplingParams(top_p=0.99, seed=3),  # a nucleus of thousands of tail tokens
+    SamplingParams(min_p=0.05, temperature=1.2, seed=4),
+    SamplingParams(top_k=300, repetition_penalty=1.2, seed=5),
+    SamplingParams(seed=6),
+]
+
+
+def test_large_vocabulary_batch_rows_equal_rows_alone():
+    """V = 3000, six rows sharing the default order but needing different amounts of the
+    vocabulary (a small nucleus, DRY, a nucleus deep in the tail, min-p only, a wide top-k,
+    no filter): over 15 steps every row draws exactly the tokens it draws alone, and rows
+    (2, 0) as a batch of two draw theirs; distributions agree to 1e-6."""
+    V = 3000
+    batch = Sampler(MIXED_LARGE)
+    alone = [Sampler(p) for p in MIXED_LARGE]
+    pair = Sampler([MIXED_LARGE[2], MIXED_LARGE[0]])
+    rng = np.random.default_rng(7)
+    history = [rng.choice(V, 20).tolist() for _ in MIXED_LARGE]
+    for step in range(15):
+        logits = llm_like_logits(100 + step, len(MIXED_LARGE), V)
+        x = mx.array(logits)
+        dist = np.array(batch.distribution(x, history))
+        for i in range(len(MIXED_LARGE)):
+            one = np.array(alone[i].distribution(x[i : i + 1], [history[i]]))[0]
+            np.testing.assert_allclose(dist[i], one, atol=1e-6, rtol=0, err_msg=f"row {i} step {step}")
+        tokens = np.array(batch.sample(x, history)).tolist()
+        for i in range(len(MIXED_LARGE)):
+            t = int(alone[i].sample(x[i : i + 1], [history[i]])[0])
+            assert tokens[i] == t, f"row {i} step {step}: batch drew {tokens[i]}, alone {t}"
+            assert dist[i, t] > 0
+        pair_tokens = np.array(pair.sample(mx.array(logits[[2, 0]]), [history[2], history[0]])).tolist()
+        assert pair_tokens == [tokens[2], tokens[0]], f"step {step}"
+        for i in range(len(MIXED_LARGE)):
+            history[i].append(tokens[i])
+
+
+@pytest.mark.parametrize("V", [50, 3000])
+def test_sample_with_logprobs_draws_like_sample_large(V):
+    """sample and sample_with_logprobs draw the same tokens from the same seeds, for each
+    kind of row in MIXED_LARGE, on a small and a large vocabulary."""
+    a, b = Sampler(MIXED_LARGE), Sampler(MIXED_LARGE)
+    for step in range(8):
+        x = mx.array(llm_like_logits(200 + step, len(MIXED_LARGE), V))
+        assert np.array(a.sample(x)).tolist() == np.array(b.sample_with_logprobs(x).tokens).tolist(), step
+
+
+# =========================================================================== (c) chi-square
+
+V12 = np.array([2.0, 1.6, 1.3, 1.0, 0.8, 0.5, 0.2, 0.0, -0.4, -0.9, -1.6, -2.4], np.float32)
+CHI_CASES = {
+    "plain": (dict(), None),
+    "top_k-top_p-temperature": (dict(temperature=0.7, top_k=8, top_p=0.9), None),
+    "penalties-min_p": (dict(repetition_penalty=1.4, frequency_penalty=0.3, presence_penalty=0.2,
+                             min_p=0.03, temperature=1.1), [0, 0, 1, 2, 0, 5, 5]),
+    "hf-typical": (dict(order="hf", temperature=1.5, top_p=0.85, typical_p=0.9), None),
+    "dynatemp-top_n_sigma": (dict(temperature=0.9, dynatemp_range=0.4, top_n_sigma=1.5), None),
+    "dry": (dict(dry_multiplier=1.0, dry_base=2.0, dry_sequence_breakers=()), [3, 4, 5, 6, 3, 4, 5]),
+    "xtc-half": (dict(xtc_probability=0.5, xtc_threshold=0.12), None),
+    "mirostat-v2": (dict(mirostat=2, mirostat_tau=2.5), None),
+    "mirostat-v1": (dict(mirostat=1, mirostat_tau=2.5), None),
+}
+ROWS, ROUNDS = 1000, 5
+V2000 = llm_like_logits(42, 1, 2000)[0]
+LARGE_CHI_CASES = {
+    "window-top_k-top_p": (dict(top_k=40, top_p=0.9, temperature=0.8), None),
+    "window-min_p": (dict(min_p=0.05), None),
+    "nucleus-beyond-window": (dict(top_p=0.97), None),
+    "wide-top_k-penalties": (dict(top_k=600, repetition_penalty=1.5, presence_penalty=0.3),
+                             np.argsort(-V2000)[:4].tolist()),
+    "temperature-only": (dict(temperature=0.9), None),
+}
+
+
+def pooled(observed, expected, minimum=5.0):
+    """Merge the bins of smallest expected count until every bin expects >= `minimum`."""
+    order = np.argsort(expected)
+    obs, exp = list(observed[order]), list(expected[order])
+    while len(exp) > 2 and exp[0] < minimum:
+        small_exp, small_obs = exp.pop(0), obs.pop(0)
+        exp[0] += small_exp
+        obs[0] += small_obs
+    return np.array(obs, float), np.array(exp, float)
+
+
+def test_pooled_merges_small_bins():
+    """The test helper: small bins are merged, totals are kept."""
+    obs, exp = pooled(np.array([1, 2, 50, 3]), np.array([1.0, 2.5, 48.0, 3.5]))
+    assert exp.tolist() == [7.0, 48.0] and obs.tolist() == [6.0, 50.0]
+
+
+@pytest.mark.parametrize("case", list(CHI_CASES) + [f"V2000-{c}" for c in LARGE_CHI_CASES])
+def test_chi_square_draws_follow_distribution(case):
+    """5000 draws (1000 rows of identical logits with their own seeds, 5 rounds; V = 12, or
+    V = 2000 LLM-like rows where windows of top tokens matter) follow the summed
+    `.distribution()` rows: tokens of probability 0 are never drawn and a chi-square test
+    (scipy.stats.chisquare, small bins pooled to expected >= 5) does not reject at
+    false-alarm rate ALPHA = 1e-4. Mirostat rounds use fresh Samplers (new seeds) so every
+    draw is made at mu = 2 tau; the others draw 5 successive tokens per row."""
+    if case.startswith("V2000-"):  # LLM-like 2000-token rows: windows of top tokens matter
+        (kw, hist), row = LARGE_CHI_CASES[case[6:]], V2000
+    else:
+        (kw, hist), row = CHI_CASES[case], V12
+    x = mx.array(np.tile(row, (ROWS, 1)))
+    history = None if hist is None else [hist] * ROWS
+    observed = np.zeros(len(row))
+    expected = np.zeros(len(row))
+    sampler = None
+    for r in range(ROUNDS):
+        if sampler is None or kw.get("mirostat"):
+            sampler = Sampler([SamplingParams(**kw, seed=r * ROWS + i) for i in range(ROWS)])
+        d = np.array(sampler.distribution(x, history), np.float64)
+        tokens = np.array(sampler.sample(x, history))
+        assert np.all(d[np.arange(ROWS), tokens] > 0), "a token of probability 0 was drawn"
+        expected += d.sum(axis=0)
+        observed += np.bincount(tokens, minlength=len(row))
+    assert observed.sum() == ROWS * ROUNDS
+    support = expected > 0
+    assert np.all(observed[~support] == 0)
+    obs, exp = pooled(observed[support], expected[support])
+    exp *= obs.sum() / exp.sum()
+    assert len(exp) >= 2
+    stat, pvalue = chisquare(obs, exp)
+    assert pvalue > ALPHA, f"{case}: chi2={stat:.1f}, p={pvalue:.2e}, obs={obs}, exp={exp.round(1)}"
+
+
+def test_chi_square_cases_match_reference():
+    """The distributions the chi-square tests rely on are the spec's (numpy reference)."""
+    for case, (kw, hist) in CHI_CASES.items():
+        if "xtc" in case:
+            continue
+        p = SamplingParams(**kw)
+        got = np.array(token_distribution(mx.array(V12[None]), p, None if hist is None else [hist]))[0]
+        margins = []
+        expected = ref_distribution(V12, p, hist or [], margins=margins)
+        assert all(m > MARGIN for _, m in margins), (case, margins)
+        np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=case)
+
+
+def test_xtc_fires_with_its_probability_and_distribution_reports_it():
+    """XTC with probability 0.5 on 400 seeded rows: each row's `.distribution()` is either the
+    untouched softmax or the XTC-cut one (threshold .12 on V12: tokens 0-2 over it -> 0, 1
+    removed), the cut happens in a binomial-plausible share of rows (200 +- 4.5 sigma = 45),
+    and every drawn token lies in its row's reported support."""
+    n = 400
+    x = mx.array(np.tile(V12, (n, 1)))
+    s = Sampler([SamplingParams(xtc_probability=0.5, xtc_threshold=0.12, seed=i) for i in range(n)])
+    d = np.array(s.distribution(x))
+    full = softmax(V12.astype(np.float64))
+    cut = softmax(np.where(np.arange(12) < 2, -INF, V12.astype(np.float64)))
+    is_full = np.all(np.abs(d - full) < 1e-5, axis=1)
+    is_cut = np.all(np.abs(d - cut) < 1e-5, axis=1)
+    assert np.all(is_full ^ is_cut)
+    assert abs(int(is_cut.sum()) - n // 2) <= 45
+    tokens = np.array(s.sample(x))
+    assert np.all(d[np.arange(n), tokens] > 0)
+
+
+# =========================================================================== (d) seeding
+
+
+def step_logits(steps=20, B=1, V=50, seed=3):
+    rng = np.random.default_rng(seed)
+    return [mx.array((rng.standard_normal((B, V))).astype(np.float32)) for _ in range(steps)]
+
+
+def run(sampler, logits, interleave_distribution=False):
+    out = []
+    for x in logits:
+        if interleave_distribution:
+            for _ in range(3):
+                sampler.distribution(x)
+        out.append(np.array(sampler.sample(x)).tolist())
+    return out
+
+
+def test_same_seed_same_tokens_reset_replays_other_seed_differs():
+    """Same seed -> same 20 tokens in a new Sampler; reset() replays them; calling
+    .distribution() in between changes nothing; another seed gives other tokens."""
+    logits = step_logits()
+    p = SamplingParams(seed=7)
+    s = Sampler(p)
+    first = run(s, logits)
+    assert len({t[0] for t in first}) > 5
+    assert run(Sampler(p), logits) == first
+    s.reset()
+    assert run(s, logits) == first
+    assert run(Sampler(p), logits, interleave_distribution=True) == first
+    assert run(Sampler(SamplingParams(seed=8)), logits) != first
+
+
+def test_stream_keyed_by_seed_and_count_only():
+    """The draw at step k depends on (seed, k) and that step's distribution only: two
+    Samplers with the same seed fed different logits at step 0 draw the same token at
+    step 1 when given the same logits there."""
+    a, b = step_logits(2, seed=10), step_logits(2, seed=11)
+    for seed in range(5):
+        p = SamplingParams(seed=seed)
+        s1, s2 = Sampler(p), Sampler(p)
+        s1.sample(a[0])
+        s2.sample(b[0])
+        assert int(s1.sample(a[1])[0]) == int(s2.sample(a[1])[0])
+
+
+def test_no_seed_uses_fresh_entropy():
+    """seed=None: two Samplers draw different 20-token sequences from a flat 50-token
+    distribution (same with probability 50**-20)."""
+    logits = [mx.zeros((1, 50))] * 20
+    assert run(Sampler(SamplingParams()), logits) != run(Sampler(SamplingParams()), logits)
+
+
+def test_sample_with_logprobs_draws_like_sample():
+    """sample_with_logprobs advances like sample: same seed, same tokens."""
+    logits = step_logits(10, B=2)
+    p = SamplingParams(seed=12, top_k=20, logprobs=3)
+    a, b = Sampler(p), Sampler(p)
+    for x in logits:
+        assert np.array(a.sample(x)).tolist() == np.array(b.sample_with_logprobs(x).tokens).tolist()
+
+
+def test_stats_count_draws():
+    """Sampler.stats starts at zero and counts draws and time (no timing assertion)."""
+    s = Sampler(SamplingParams(seed=1))
+    assert s.stats.draws == 0
+    x = mx.zeros((2, 10))
+    for _ in range(3):
+        s.sample(x)
+    assert isinstance(s.stats.draws, int) and s.stats.draws in (3, 6)
+    assert isinstance(s.stats.seconds, float) and s.stats.seconds >= 0.0
+
+
+# =========================================================================== (e) logprobs
+
+
+def test_sample_with_logprobs_consistency():
+    """logprob = log(distribution[token]), raw_logprob = log_softmax(logits)[token], ranks
+    count strictly more probable tokens, top lists are the n (max over rows' logprobs) most
+    likely tokens in descending order, for the final and the raw distribution."""
+    rng = np.random.default_rng(4)
+    params = [SamplingParams(temperature=0.8, top_k=15, top_p=0.99, seed=1, logprobs=2),
+              SamplingParams(min_p=0.02, seed=2, logprobs=5),
+              SamplingParams(order="hf", temperature=1.3, seed=3)]
+    s = Sampler(params)
+    for _ in range(10):
+        logits = rng.standard_normal((3, 40)).astype(np.float32)
+        d = np.array(s.distribution(mx.array(logits)), np.float64)
+        r = s.sample_with_logprobs(mx.array(logits))
+        tokens = np.array(r.tokens)
+        raw = logits.astype(np.float64)
+        raw = raw - raw.max(axis=1, keepdims=True)
+        raw = raw - np.log(np.exp(raw).sum(axis=1, keepdims=True))
+        assert tuple(np.array(r.top_tokens).shape) == (3, 5)
+        assert tuple(np.array(r.raw_top_logprobs).shape) == (3, 5)
+        for b in range(3):
+            t = int(tokens[b])
+            assert d[b, t] > 0 and (d[b] > 0).sum() >= 5
+            np.testing.assert_allclose(float(np.array(r.logprob)[b]), math.log(d[b, t]), atol=1e-5)
+            np.testing.assert_allclose(float(np.array(r.raw_logprob)[b]), raw[b, t], atol=1e-5)
+            assert int(np.array(r.rank)[b]) == int((d[b] > d[b, t]).sum())
+            assert int(np.array(r.raw_rank)[b]) == int((raw[b] > raw[b, t]).sum())
+            top = np.argsort(-d[b], kind="stable")[:5]
+            assert np.array(r.top_tokens)[b].tolist() == top.tolist()
+            np.testing.assert_allclose(np.array(r.top_logprobs)[b], np.log(d[b, top]), atol=1e-5)
+            raw_top = np.argsort(-raw[b], kind="stable")[:5]
+            assert np.array(r.raw_top_tokens)[b].tolist() == raw_top.tolist()
+            np.testing.assert_allclose(np.array(r.raw_top_logprobs)[b], raw[b, raw_top], atol=1e-5)
+
+
+def test_logprobs_zero_gives_empty_top_lists():
+    """With logprobs=0 on every row the top lists have width 0."""
+    r = Sampler(SamplingParams(seed=0)).sample_with_logprobs(mx.zeros((2, 6)))
+    assert tuple(np.array(r.top_tokens).shape) == (2, 0)
+    assert tuple(np.array(r.raw_top_logprobs).shape) == (2, 0)
+    np.testing.assert_allclose(np.array(r.logprob), [-math.log(6)] * 2, atol=1e-6)
+
+
+# =========================================================================== (f) bad input
+
+
+def raises_naming(*parts):
+    pattern = "".join(f"(?=[\\s\\S]*{re.escape(p)})" for p in parts)
+    return pytest.raises(ValueError, match=pattern)
+
+
+def test_history_with_wrong_number_of_rows():
+    """history must have one list per row: 1 list for a batch of 2 is a ValueError."""
+    s = Sampler(SamplingParams(presence_penalty=0.5))
+    with raises_naming("history"):
+        s.distribution(mx.zeros((2, 5)), [[1, 2]])
+    with raises_naming("history"):
+        s.sample(mx.zeros((2, 5)), [[1], [2], [3]])
+
+
+@pytest.mark.parametrize("method", ["distribution", "sample", "sample_with_logprobs"])
+def test_rows_without_finite_logit(method):
+    """An all-NaN or all -inf row raises ValueError naming that row in every entry point."""
+    x = np.zeros((3, 5), np.float32)
+    x[1] = np.nan
+    with raises_naming("row 1"):
+        getattr(Sampler(SamplingParams()), method)(mx.array(x))
+    x = np.zeros((4, 5), np.float32)
+    x[3] = -np.inf
+    with raises_naming("row 3"):
+        getattr(Sampler(SamplingParams()), method)(mx.array(x))
+
+
+def test_logit_bias_id_outside_vocabulary():
+    """A logit-bias id >= V raises ValueError naming the id and V."""
+    s = Sampler(SamplingParams(logit_bias={60: 1.0}))
+    with raises_naming("60", "50"):
+        s.distribution(mx.zeros((1, 50)))
+    with raises_naming("60", "50"):
+        token_distribution(mx.zeros((1, 50)), SamplingParams(logit_bias={60: 1.0}))
+
+
+@pytest.mark.parametrize("shape", [(5,), (1, 2, 5), ()])
+def test_logits_must_be_2d(shape):
+    """Logits must be [B, V]: a 1-D, 3-D or scalar array is a ValueError naming `logits`."""
+    with raises_naming("logits"):
+        Sampler(SamplingParams()).sample(mx.zeros(shape))
+
+
+def test_params_list_length_must_match_batch():
+    """Three SamplingParams for a batch of four rows is a ValueError naming both numbers."""
+    s = Sampler([SamplingParams(seed=i) for i in range(3)])
+    with raises_naming("3", "4"):
+        s.sample(mx.zeros((4, 6)))
+
+
+def test_bad_input_does_not_advance_state():
+    """A call that raises draws nothing: the next draws equal a fresh Sampler's."""
+    p = SamplingParams(seed=9)
+    s = Sampler(p)
+    bad = np.zeros((1, 50), np.float32)
+    bad[0] = np.nan
+    with pytest.raises(ValueError):
+        s.sample(mx.array(bad))
+    logits = step_logits(5)
+    assert run(s, logits) == run(Sampler(p), logits)
