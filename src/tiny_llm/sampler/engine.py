@@ -328,14 +328,14 @@ class Sampler:
         hist = [[] for _ in range(B)] if history is None else [list(map(int, h)) for h in history]
         if len(hist) != B:
             return None  # let the checked path report it
-        for i in set(rows):
-            if self.params[i].logit_bias and max(self.params[i].logit_bias) >= V:
-                return None
+        used = set(rows)
+        if any(self.params[i].logit_bias and max(self.params[i].logit_bias) >= V for i in used):
+            return None
         if self._shared:
             self._shared_counters(B)
         P = [self.params[i] for i in rows]
         y = self._prefix(x, rows)
-        if any(self._penalised[i] for i in set(rows)):
+        if any(self._penalised[i] for i in used):
             y = fast.sparse_penalties(y, hist, P)
         if greedy:
             tokens, probe = _argmax(y)  # probe: the logit at the argmax, NaN or -inf: bad row
@@ -353,12 +353,14 @@ class Sampler:
             else:
                 final = self._stages(y, hist, rows, tuple(s for s in key if s != "penalties"), None)
                 tokens, probe = _draw(final, u)  # probe: the row max, NaN or -inf: bad row
-        if not mx.all((probe > -math.inf) & (probe < math.inf)).item():
+        check = mx.sum(probe)  # one value tells: NaN or +-inf somewhere
+        mx.eval(tokens, check)
+        if not math.isfinite(check.item()):
             return None
         return tokens
 
     def _finish(self, tokens: mx.array, rows: list[int], start: float) -> SampleResult:
-        mx.eval(tokens, self._mu)
+        mx.eval(tokens)
         if self._shared:
             self._counters += 1
         else:
@@ -428,8 +430,9 @@ def _draw_tempered(x: mx.array, t: mx.array, u: mx.array) -> tuple[mx.array, mx.
 
 @mx.compile
 def _argmax(y: mx.array) -> tuple[mx.array, mx.array]:
-    tokens = mx.argmax(y, axis=-1).astype(mx.int32)
-    return tokens, mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
+    """Each row's argmax, and the logit found there (NaN or +-inf reveal a bad row)."""
+    tokens = mx.argmax(y, axis=-1)
+    return tokens.astype(mx.int32), mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
 
 
 def _inverse_cdf(final: mx.array, u: mx.array) -> mx.array:
