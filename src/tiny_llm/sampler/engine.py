@@ -338,7 +338,7 @@ class Sampler:
         if any(self._penalised[i] for i in used):
             y = fast.sparse_penalties(y, hist, P)
         if greedy:
-            tokens, probe = _argmax(y)  # probe: the logit at the argmax, NaN or -inf: bad row
+            tokens, probe = _argmax(y)  # uint32 tokens: a cast would be one more kernel  # probe: the logit at the argmax, NaN or -inf: bad row
         else:
             groups = self._groups(rows)
             if len(groups) > 1:
@@ -353,9 +353,8 @@ class Sampler:
             else:
                 final = self._stages(y, hist, rows, tuple(s for s in key if s != "penalties"), None)
                 tokens, probe = _draw(final, u)  # probe: the row max, NaN or -inf: bad row
-        check = mx.sum(probe)  # one value tells: NaN or +-inf somewhere
-        mx.eval(tokens, check)
-        if not math.isfinite(check.item()):
+        mx.eval(tokens, probe)
+        if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
             return None
         return tokens
 
@@ -432,7 +431,7 @@ def _draw_tempered(x: mx.array, t: mx.array, u: mx.array) -> tuple[mx.array, mx.
 def _argmax(y: mx.array) -> tuple[mx.array, mx.array]:
     """Each row's argmax, and the logit found there (NaN or +-inf reveal a bad row)."""
     tokens = mx.argmax(y, axis=-1)
-    return tokens.astype(mx.int32), mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
+    return tokens, mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
 
 
 def _inverse_cdf(final: mx.array, u: mx.array) -> mx.array:
