@@ -156,14 +156,16 @@ def _print_stats(response, sampler=None) -> None:
     )
 
 
-def _stream(model, tokenizer, text: str, args, sampler):
-    """Print the reply as it is produced; return (reply text, last response)."""
+def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None = None):
+    """Print the reply as it is produced; return (reply text, last response). The text so
+    far is also appended to `pieces`, so that it survives a Ctrl-C."""
     from .generate import stream_generate
 
-    reply, last, shown = "", None, []
+    pieces = [] if pieces is None else pieces
+    last, shown = None, []
     for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler):
         print(response.text, end="", flush=True)
-        reply += response.text
+        pieces.append(response.text)
         last = response
         if args.logprobs:
             shown.append((response.token, response.logprobs))
@@ -175,7 +177,7 @@ def _stream(model, tokenizer, text: str, args, sampler):
             top = mx.argsort(-logprobs)[: args.logprobs].tolist()
             alts = ", ".join(f"{tokenizer.decode([t])!r} {logprobs[t].item():.2f}" for t in top)
             print(f"  {tokenizer.decode([token])!r:>16} {logprobs[token].item():7.2f}   [{alts}]", file=sys.stderr)
-    return reply, last
+    return "".join(pieces), last
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -213,13 +215,14 @@ def _chat(args: argparse.Namespace) -> None:
             continue
         messages.append({"role": "user", "content": line})
         text = _messages_text(tokenizer, args, messages)
-        reply, last = "", None
+        pieces, last = [], None
         try:
-            reply, last = _stream(model, tokenizer, text, args, sampler)
+            _, last = _stream(model, tokenizer, text, args, sampler, pieces)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
-        messages.append({"role": "assistant", "content": reply})
+        # The conversation keeps what was shown, also of a reply cut short.
+        messages.append({"role": "assistant", "content": "".join(pieces)})
         if args.verbose:
             _print_stats(last, sampler)
 
