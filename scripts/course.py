@@ -15,6 +15,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week1-day5": ("week1-day3", "week1-day4"),  # the whole model
     "week1-day6": ("week1-day5",),  # generation with the real model
     "week1-day7": (),
+    "week2-day1": (),
 }
 DAYS = tuple(DEPENDS)
 

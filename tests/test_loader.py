@@ -13,6 +13,7 @@ from conftest import TINY_CONFIGS, model_weights, reference_model
 import tiny_llm
 from tiny_llm.loader import _gguf_weights, load_model, resolve
 from tiny_llm.qwen2 import ModelArgs, Qwen2Model
+from tiny_llm.quantize import QuantizedWeight
 
 
 def close(a, b, atol):
@@ -44,10 +45,9 @@ def test_load_mlx_lm_directory(tmp_path, name):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_load_quantized_mlx_checkpoint(tmp_path, bits):
-    """A quantized mlx-lm checkpoint (per-module overrides included) is dequantized at load.
-
-    mlx-lm multiplies with the packed weights; tiny-llm dequantizes them to float32. Both
-    compute the same products up to float32 summation order.
+    """A quantized mlx-lm checkpoint (per-module overrides included) loads with its weights
+    kept packed (the same quantized products as mlx-lm), or unpacked to float32 on request
+    (the same values; products differ by float32 summation order and rounding).
     """
     config = TINY_CONFIGS["qwen2-untied"]
     ref = reference_model(config, seed=12)
@@ -60,8 +60,12 @@ def test_load_quantized_mlx_checkpoint(tmp_path, bits):
     quantization = {"group_size": 32, "bits": bits, "lm_head": {"group_size": 32, "bits": 8}}
     path = save_dir(tmp_path / "q", {**config, "quantization": quantization}, model_weights(ref))
     model = load_model(path)
-    assert model.layers[0].self_attn.wq.dtype == mx.float32
-    close(model(TOKENS), ref(TOKENS), atol=1e-3)
+    assert isinstance(model.layers[0].self_attn.wq, QuantizedWeight)  # kept packed
+    assert model.layers[0].self_attn.wq.shape == (64, 64)
+    close(model(TOKENS), ref(TOKENS), atol=1e-4)
+    unpacked = load_model(path, dequantize=True)
+    assert unpacked.layers[0].self_attn.wq.dtype == mx.float32
+    close(unpacked(TOKENS), ref(TOKENS), atol=1e-3)
 
 
 def permute_like_llama_cpp(w: mx.array, heads: int) -> mx.array:

