@@ -821,3 +821,70 @@ def test_bad_input_does_not_advance_state():
         s.sample(mx.array(bad))
     logits = step_logits(5)
     assert run(s, logits) == run(Sampler(p), logits)
+
+
+# ---- regressions: each of these once went wrong ------------------------------------------
+
+
+def test_window_and_full_chain_agree_at_a_top_p_boundary():
+    """top-k then top-p with p within an ulp of a cumulative mass: the drawn token has
+    positive probability, and the row draws the same alone, in a batch, and with logprobs."""
+    x = mx.array((np.random.default_rng(0).normal(size=(1, 30000)) * 3).astype(np.float32))
+    p = SamplingParams(top_k=95, top_p=0.10878346115350723, seed=2)
+    token = Sampler(p).sample(x).item()
+    assert np.array(Sampler(p).distribution(x))[0, token] > 0
+    assert Sampler(p).sample_with_logprobs(x).tokens.item() == token
+    mixed = Sampler([p, SamplingParams(temperature=0.8, seed=9)]).sample(mx.concatenate([x, x]))
+    assert mixed.tolist()[0] == token
+
+
+def test_mirostat_logprobs_describe_the_distribution_drawn_from():
+    """sample_with_logprobs reports the chosen token under the mu it was drawn with."""
+    x = mx.array((np.random.default_rng(0).normal(size=(1, 50)) * 3).astype(np.float32))
+    s = Sampler(SamplingParams(mirostat=2, mirostat_tau=1.0, mirostat_eta=1.0, seed=3))
+    for _ in range(3):
+        probs = np.array(s.distribution(x))[0]
+        r = s.sample_with_logprobs(x)
+        assert np.isfinite(r.logprob.item()) and probs[r.tokens.item()] > 0
+        np.testing.assert_allclose(r.logprob.item(), np.log(probs[r.tokens.item()]), atol=1e-5)
+
+
+@pytest.mark.parametrize("params, history", [
+    (SamplingParams(temperature=1e-40, seed=1), None),
+    (SamplingParams(repetition_penalty=1e-39, seed=1), [[2]]),
+    (SamplingParams(frequency_penalty=-1e38, seed=1), [[2] * 5]),
+    (SamplingParams(frequency_penalty=1e38, seed=1), [list(range(8)) * 5]),
+])
+def test_overflowing_stages_raise_instead_of_returning_token_zero(params, history):
+    """Parameters extreme enough to overflow float32 give a ValueError naming the row."""
+    row = mx.array([[0.5, 1, 2, 0.1, -1, 3, 0.2, 0.3]])
+    sampler = Sampler(params)
+    with pytest.raises(ValueError, match="row 0: the sampling stages left no finite logit"):
+        sampler.sample(row, history)
+    assert sampler.stats.draws == 0  # nothing was drawn, no state moved
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(top_k=5), SamplingParams(mirostat=2)])
+def test_reset_replays_a_shared_unseeded_sampler(params):
+    """One unseeded SamplingParams for a batch: rows differ, and reset() replays them."""
+    x = mx.array(np.random.default_rng(5).normal(size=(3, 50)).astype(np.float32) * 3)
+    s = Sampler(params)
+    first = [s.sample(x).tolist() for _ in range(6)]
+    s.reset()
+    assert first == [s.sample(x).tolist() for _ in range(6)]
+    assert len({tuple(step) for step in zip(*first)}) > 1  # the three rows are not copies
+
+
+def test_distribution_changes_no_state():
+    """distribution() on one batch size does not pin a shared sampler to it."""
+    s = Sampler(SamplingParams(seed=1))
+    s.distribution(mx.zeros((1, 50)))
+    assert s.sample(mx.zeros((3, 50))).shape == (3,)
+
+
+def test_tokens_are_int32_on_every_path():
+    """Greedy, plain, window and full-chain draws all return int32 tokens."""
+    x = mx.random.normal((2, 3000), key=mx.random.key(1))
+    for p in (SamplingParams(temperature=0), SamplingParams(temperature=0.7),
+              SamplingParams(top_k=5), SamplingParams(typical_p=0.5)):
+        assert Sampler(p).sample(x).dtype == mx.int32

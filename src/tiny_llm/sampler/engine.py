@@ -175,11 +175,14 @@ class Sampler:
         P = [self.params[i] for i in rows]
         G, V = x.shape
         col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
-        counters = self._counters[rows] if not self._shared else self._shared_counters(G)
+        counters = self._counters[rows] if not self._shared else self._peek_counters(G)
         if key[0] == "mirostat":
             x = stages.temperature(x, col([p.temperature for p in P]), col([0.0] * G), col([1.0] * G))
             # mu is kept per batch row when one SamplingParams serves every row.
-            mu = self._mu[mx.array(batch_rows if self._shared else rows)][:, None]
+            if self._shared and self._batch is None:
+                mu = mx.full((G, 1), 2.0 * P[0].mirostat_tau)
+            else:
+                mu = self._mu[mx.array(batch_rows if self._shared else rows)][:, None]
             if key[1] == 2:
                 return stages.mirostat_v2(x, mu)
             return stages.mirostat_v1(x, mu, V)
@@ -195,7 +198,7 @@ class Sampler:
                 for token, value in p.logit_bias.items():
                     r.append(g), c.append(token), v.append(value)
             x = x.at[mx.array(r), mx.array(c)].add(mx.array(v, dtype=mx.float32))
-        counters = self._counters[rows] if not self._shared else self._shared_counters(G)
+        counters = self._counters[rows] if not self._shared else self._peek_counters(G)
         if any(p.min_tokens > 0 for p in P):
             r, c = [], []
             for g, p in enumerate(P):
@@ -211,6 +214,9 @@ class Sampler:
         P = [self.params[i] for i in rows]
         G, V = x.shape
         col = lambda values, dtype=mx.float32: mx.array(values, dtype=dtype)[:, None]  # noqa: E731
+        # Rows that no top-k / top-p / min-p has cut yet (decided by the parameters, as the
+        # fast path decides it): top-p sums their normaliser over the whole vocabulary.
+        uncut = [True] * G
         for stage in key:
             if stage == "penalties" and any("penalties" in p.enabled_stages() for p in P):
                 counts = _window_counts(hist, [p.penalty_last_n for p in P], V)
@@ -230,14 +236,18 @@ class Sampler:
                 x = stages.top_n_sigma(x, col([p.top_n_sigma for p in P]))
             elif stage == "top_k" and any(p.top_k > 0 for p in P):
                 x = stages.top_k(x, col([p.top_k for p in P], mx.int32))
+                uncut = [u and p.top_k <= 0 for u, p in zip(uncut, P)]
             elif stage == "typical_p" and any(p.typical_p < 1 for p in P):
                 x = stages.typical_p(x, col([p.typical_p for p in P]))
             elif stage == "top_p" and any(p.top_p < 1 for p in P):
-                x = stages.top_p(x, col([p.top_p for p in P]))
+                x = stages.top_p(x, col([p.top_p for p in P]), mx.array(uncut)[:, None])
+                uncut = [u and p.top_p >= 1 for u, p in zip(uncut, P)]
             elif stage == "min_p" and any(p.min_p > 0 for p in P):
                 x = stages.min_p(x, col([p.min_p for p in P]))
+                uncut = [u and p.min_p <= 0 for u, p in zip(uncut, P)]
             elif stage == "xtc" and any(p.xtc_probability > 0 and p.xtc_threshold <= 0.5 for p in P):
-                coin = rng.uniform(mx.array([self._seeds[b] for b in batch_rows], dtype=mx.uint32),
+                seeds = self._row_seeds(len(x) if batch_rows is None else max(batch_rows) + 1)
+                coin = rng.uniform(mx.array([seeds[b] for b in batch_rows], dtype=mx.uint32),
                                    mx.array(counters, dtype=mx.uint32), rng.XTC)
                 prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
                 x = stages.xtc(x, col([p.xtc_threshold for p in P]), (coin < prob)[:, None])
@@ -250,15 +260,29 @@ class Sampler:
                                                  any(p.temperature <= 0 for p in P))
         return x
 
+    def _row_seeds(self, B: int) -> list[int]:
+        """One seed per batch row (see _shared_counters); drawn here if not yet."""
+        if self._shared and len(self._seeds) < B and self._batch is None:
+            seed = self.params[0].seed
+            self._seeds = [seed if seed is not None else secrets.randbits(32) for _ in range(B)]
+        return self._seeds
+
+    def _peek_counters(self, B: int) -> np.ndarray:
+        """Counters of a shared-params sampler, without fixing its batch size."""
+        if self._batch is None:
+            return np.zeros(B, dtype=np.int64)
+        return self._shared_counters(B)
+
     def _shared_counters(self, B: int) -> np.ndarray:
         if self._batch is None:
             self._batch = B
             self._counters = np.zeros(B, dtype=np.int64)
             self._mu = mx.full((B,), 2.0 * self.params[0].mirostat_tau)
             # One seed per batch row: the given one for every row, or fresh ones (so that
-            # unseeded rows are independent of each other).
+            # unseeded rows are independent of each other), kept across reset().
             seed = self.params[0].seed
-            self._seeds = [seed if seed is not None else secrets.randbits(32) for _ in range(B)]
+            if len(self._seeds) != B:
+                self._seeds = [seed if seed is not None else secrets.randbits(32) for _ in range(B)]
         if B != self._batch:
             raise ValueError(f"this sampler has been drawing for {self._batch} rows, now given {B}: call reset() first")
         return self._counters
@@ -283,7 +307,10 @@ class Sampler:
         seeds = mx.array([self._seeds[b] for b in range(len(rows))], dtype=mx.uint32)
         u = rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.DRAW)
         tokens = mx.zeros((B,), dtype=mx.int32)
-        final = None
+        tops = mx.zeros((B,), dtype=mx.float32)  # each row's largest final logit: must be finite
+        # The distribution the tokens are drawn from, before mirostat moves mu.
+        final = self._final_from(x, hist) if with_logprobs else None
+        mirostat_updates = []
         groups = self._groups(rows)
         for key, members in groups.items():
             g_rows = [rows[b] for b in members]
@@ -298,24 +325,33 @@ class Sampler:
                 if "penalties" in key and any("penalties" in p.enabled_stages() for p in P):
                     y = fast.sparse_penalties(y, hg, P)
                 if all(p.temperature <= 0 for p in P):  # greedy: every filter keeps the argmax
-                    t = mx.argmax(y, axis=-1).astype(mx.int32)
+                    t, top = _argmax(y)
                 elif not fast.wants_window(P):  # temperature and min-p: passes over all tokens
                     rest = tuple(s for s in key if s != "penalties")  # penalties are in y already
-                    t = _inverse_cdf(self._stages(y, hg, g_rows, rest, None), ug)
+                    t, top = _draw(self._stages(y, hg, g_rows, rest, None), ug)
                 else:
-                    t, needs_full = fast.fast_tokens(y, P, key, ug)
+                    t, needs_full, top = fast.fast_tokens(y, P, key, ug)
                     if mx.any(needs_full).item():
-                        slow = _inverse_cdf(self._chain(xg, hg, g_rows, members, key), ug)
-                        t = mx.where(needs_full, slow, t)
+                        slow, slow_top = _draw(self._chain(xg, hg, g_rows, members, key), ug)
+                        t, top = mx.where(needs_full, slow, t), mx.where(needs_full, slow_top, top)
             else:
                 fg = self._chain(xg, hg, g_rows, members, key)
-                t = _inverse_cdf(fg, ug)
+                t, top = _draw(fg, ug)
                 if key[0] == "mirostat":
-                    self._update_mu(fg, t, g_rows)
+                    mirostat_updates.append((fg, t, g_rows))
             tokens = t if whole else _scatter_1d(tokens, idx, t)
+            tops = top if whole else _scatter_1d(tops, idx, top)
+        mx.eval(tokens, tops)
+        for row, value in enumerate(tops.tolist()):
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"row {row}: the sampling stages left no finite logit (a temperature or "
+                    f"penalty this extreme overflows float32)"
+                )
+        for update in mirostat_updates:  # state changes only once the draw is valid
+            self._update_mu(*update)
         result = SampleResult(tokens, *([None] * 8))
         if with_logprobs:
-            final = self._final_from(x, hist)
             result = self._logprobs(logits, final, tokens, rows)
         mx.eval(tokens, self._mu)
         self._finish(tokens, rows, start)
@@ -338,7 +374,7 @@ class Sampler:
         if any(self._penalised[i] for i in used):
             y = fast.sparse_penalties(y, hist, P)
         if greedy:
-            tokens, probe = _argmax(y)  # uint32 tokens: a cast would be one more kernel  # probe: the logit at the argmax, NaN or -inf: bad row
+            tokens, probe = _argmax(y)  # probe: the logit at the argmax, NaN or -inf: bad row
         else:
             groups = self._groups(rows)
             if len(groups) > 1:
@@ -431,7 +467,7 @@ def _draw_tempered(x: mx.array, t: mx.array, u: mx.array) -> tuple[mx.array, mx.
 def _argmax(y: mx.array) -> tuple[mx.array, mx.array]:
     """Each row's argmax, and the logit found there (NaN or +-inf reveal a bad row)."""
     tokens = mx.argmax(y, axis=-1)
-    return tokens, mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
+    return tokens.astype(mx.int32), mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
 
 
 def _inverse_cdf(final: mx.array, u: mx.array) -> mx.array:

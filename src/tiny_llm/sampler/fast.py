@@ -46,8 +46,9 @@ def sparse_penalties(y: mx.array, hist: list[list[int]], params: list[SamplingPa
     for h, p in zip(hist, params):
         n = p.penalty_last_n
         window = h if n < 0 else (h[-n:] if n > 0 else [])
-        if window and (max(window) >= V or min(window) < 0):
-            raise ValueError(f"history has token {max(window)} outside the vocabulary of {V}")
+        bad = [t for t in window if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"history has token {bad[0]} outside the vocabulary of {V}")
         u, c = np.unique(np.array(window, dtype=np.int64), return_counts=True)
         uniq.append(u), counts.append(c)
     U = max(1, max(len(u) for u in uniq))
@@ -95,8 +96,9 @@ def wants_window(params: list[SamplingParams]) -> bool:
 
 def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...], u: mx.array):
     """Draw one token per row from the chain `order` applied to `y [G, V]` (penalties
-    already applied). Returns `(tokens [G], needs_full [G])`; where `needs_full` is true the
-    token must be recomputed by the full path."""
+    already applied). Returns `(tokens [G], needs_full [G], top [G])`; where `needs_full` is
+    true the token must be recomputed by the full path; `top` is each row's largest final
+    logit (not finite: the row cannot be sampled)."""
     G, V = y.shape
     col = lambda name, dtype=mx.float32: mx.array([getattr(p, name) for p in params], dtype=dtype)[:, None]  # noqa: E731
     W = window_size(params, V)
@@ -145,7 +147,7 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
             yw = window_values()
             top = yw[:, :1]
             ew = mx.where(alive, stages.exp(yw - top), 0.0)
-            z = mx.sum(ew, axis=-1, keepdims=True)
+            z = mx.cumsum(ew, axis=-1)[:, -1:]  # alive tokens lead: a running sum, as the chain
             if any(t and p.top_p < 1 for t, p in zip(tail_rows, params)):
                 # Exact mass: over the whole vocabulary while the tail is alive.
                 z = mx.where(tail, mx.sum(stages.exp(y - top), axis=-1, keepdims=True), z)
@@ -183,4 +185,5 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
     tokens = mx.take_along_axis(ids, pick, axis=-1)
     best = mx.argmax(y, axis=-1, keepdims=True).astype(tokens.dtype)
     tokens = mx.where(greedy, best, tokens)
-    return tokens[:, 0].astype(mx.int32), (full & ~greedy)[:, 0]
+    top = mx.where(greedy, mx.max(y, axis=-1, keepdims=True), mx.max(yw, axis=-1, keepdims=True))
+    return tokens[:, 0].astype(mx.int32), (full & ~greedy)[:, 0], top[:, 0]

@@ -80,13 +80,21 @@ def typical_p(x, p):
     return mx.where((p < 1) & (score > last), NEG_INF, x)
 
 
-def top_p(x, p):
-    """Nucleus: the smallest set of most likely tokens whose mass reaches p (p < 1)."""
+def top_p(x, p, uncut=None):
+    """Nucleus: the smallest set of most likely tokens whose mass reaches p (p < 1).
+
+    The normaliser is summed exactly as the fast path sums it: over the vocabulary in
+    vocabulary order for rows no earlier filter has cut (`uncut [G, 1]`, default all), and
+    as a running sum from the most likely token down for the others.
+    """
     xs = -mx.sort(-x, axis=-1)
     top = xs[:, :1]
-    # The normaliser is summed in vocabulary order (as the fast path sums it).
-    z = mx.sum(exp(x - top), axis=-1, keepdims=True)
-    ps = exp(xs - top) / z
+    es = exp(xs - top)
+    z = mx.cumsum(es, axis=-1)[:, -1:]
+    if uncut is None or bool(mx.any(uncut).item()):
+        whole = mx.sum(exp(x - top), axis=-1, keepdims=True)
+        z = whole if uncut is None else mx.where(uncut, whole, z)
+    ps = es / z
     before = mx.cumsum(ps, axis=-1) - ps
     kept = mx.maximum(mx.sum(before < p, axis=-1, keepdims=True), 1)
     threshold = mx.take_along_axis(xs, kept - 1, axis=-1)
