@@ -219,9 +219,7 @@ class Sampler:
         uncut = [True] * G
         for stage in key:
             if stage == "penalties" and any("penalties" in p.enabled_stages() for p in P):
-                counts = _window_counts(hist, [p.penalty_last_n for p in P], V)
-                x = stages.penalties(x, counts, col([p.repetition_penalty for p in P]),
-                                     col([p.frequency_penalty for p in P]), col([p.presence_penalty for p in P]))
+                x = fast.sparse_penalties(x, hist, P)  # touches only the tokens each row has seen
             elif stage == "dry" and any(p.dry_multiplier > 0 for p in P):
                 r, c, v = [], [], []
                 for g, p in enumerate(P):
@@ -486,24 +484,6 @@ def _scatter_1d(out: mx.array, idx: mx.array, values: mx.array) -> mx.array:
     B = out.shape[0]
     where = mx.zeros((B,), dtype=mx.int32).at[idx].add(mx.arange(1, idx.size + 1, dtype=mx.int32))
     return mx.where(where > 0, values[mx.maximum(where - 1, 0)], out)
-
-
-def _window_counts(hist: list[list[int]], last_n: list[int], V: int) -> mx.array:
-    """`[G, V]` occurrence counts of each row's last `last_n` history tokens (-1 all, 0 none)."""
-    windows = [h if n < 0 else (h[-n:] if n > 0 else []) for h, n in zip(hist, last_n)]
-    T = max((len(w) for w in windows), default=0)
-    if T == 0:
-        return mx.zeros((len(hist), V), dtype=mx.int32)
-    padded = np.full((len(hist), T), V, dtype=np.int32)  # V: a dummy column for padding
-    for g, w in enumerate(windows):
-        if w:
-            if max(w) >= V or min(w) < 0:
-                raise ValueError(f"history row {g} has token {max(w) if max(w) >= V else min(w)} outside the vocabulary of {V}")
-            padded[g, : len(w)] = w
-    G = len(hist)
-    r = mx.broadcast_to(mx.arange(G)[:, None], (G, T))
-    counts = mx.zeros((G, V + 1), dtype=mx.int32).at[r, mx.array(padded)].add(1)
-    return counts[:, :V]
 
 
 def _encode_breakers(params: SamplingParams, tokenizer) -> list[tuple[int, ...]]:
