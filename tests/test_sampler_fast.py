@@ -110,3 +110,23 @@ def test_window_holds_the_largest_logits():
     for W in (64, 256):
         got = mx.sort(mx.take_along_axis(y, top_window(y, W), axis=-1), axis=-1)
         assert mx.array_equal(got, mx.sort(y, axis=-1)[:, -W:])
+
+
+@pytest.mark.parametrize("V", [64 * 37, 64 * 37 + 5, 200])
+def test_chunked_argmax_equals_mx_argmax(V):
+    """The two-level argmax returns mx.argmax's index: ties across and inside chunks (the
+    lowest index wins), a NaN (counts as largest), all -inf rows, and vocabularies that do
+    not split into chunks."""
+    from tiny_llm.sampler import stages
+
+    rng = np.random.default_rng(V)
+    x = rng.integers(-3, 3, size=(8, V)).astype(np.float32)  # many ties
+    x[1] = 2.0  # every entry ties
+    x[2, :] = -np.inf
+    x[3, V // 2] = np.nan
+    x[4, V - 1] = 9.0  # the max in the last chunk
+    x[5, 63], x[5, 64] = 9.0, 9.0  # a tie straddling a chunk boundary
+    x[6, 0] = -np.inf
+    got = np.array(stages.argmax(mx.array(x)))
+    assert got.tolist() == np.array(mx.argmax(mx.array(x), axis=-1)).tolist()
+    assert got[1] == 0 and got[4] == V - 1 and got[5] == 63 and got[3] == V // 2

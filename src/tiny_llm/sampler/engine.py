@@ -464,7 +464,7 @@ def _draw_tempered(x: mx.array, t: mx.array, u: mx.array) -> tuple[mx.array, mx.
 @mx.compile
 def _argmax(y: mx.array) -> tuple[mx.array, mx.array]:
     """Each row's argmax, and the logit found there (NaN or +-inf reveal a bad row)."""
-    tokens = mx.argmax(y, axis=-1)
+    tokens = stages.argmax(y)
     return tokens.astype(mx.int32), mx.take_along_axis(y, tokens[:, None], axis=-1)[:, 0]
 
 

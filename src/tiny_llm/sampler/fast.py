@@ -183,7 +183,7 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
     target = u[:, None] * cdf[:, -1:]
     pick = mx.minimum(mx.sum(cdf < target, axis=-1, keepdims=True), W - 1)
     tokens = mx.take_along_axis(ids, pick, axis=-1)
-    best = mx.argmax(y, axis=-1, keepdims=True).astype(tokens.dtype)
+    best = stages.argmax(y)[:, None].astype(tokens.dtype)
     tokens = mx.where(greedy, best, tokens)
     top = mx.where(greedy, mx.max(y, axis=-1, keepdims=True), mx.max(yw, axis=-1, keepdims=True))
     return tokens[:, 0].astype(mx.int32), (full & ~greedy)[:, 0], top[:, 0]
