@@ -16,6 +16,10 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week1-day6": ("week1-day5",),  # generation with the real model
     "week1-day7": (),
     "week2-day1": (),
+    "week2-day2": ("week1-day5", "week1-day6"),  # the cache under the model and generate_step
+    "week2-day3": ("week1-day5",),  # fused kernels, compared inside the whole model too
+    "week2-day4": ("week2-day2", "week1-day7"),  # batches: cached prefill, per-row sampling
+    "week2-day5": ("week2-day4",),  # continuous batching
 }
 DAYS = tuple(DEPENDS)
 

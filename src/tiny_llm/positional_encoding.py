@@ -24,8 +24,9 @@ class RoPE:
         self.traditional = traditional
         # END SOLUTION
 
-    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        """`x [B, L, H, D]` (D >= dims) with token positions `offset .. offset + L - 1`."""
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        """`x [B, L, H, D]` (D >= dims) with token positions `offset .. offset + L - 1`;
+        `offset` is an int, or an array `[B]` with one start position per row."""
         # BEGIN SOLUTION week1-day2
         B, L, H, D = x.shape
         if D < self.dims:
@@ -33,10 +34,11 @@ class RoPE:
         half = self.dims // 2
         # Angles in float32: positions times frequencies lose the low digits in float16.
         inv_freq = self.base ** (-mx.arange(0, half, dtype=mx.float32) * 2.0 / self.dims)
-        positions = mx.arange(offset, offset + L, dtype=mx.float32)
-        theta = positions[:, None] * inv_freq[None, :]  # L, half
-        cos = mx.cos(theta)[None, :, None, :]  # 1, L, 1, half
-        sin = mx.sin(theta)[None, :, None, :]
+        start = offset[:, None] if isinstance(offset, mx.array) else offset  # B, 1 or int
+        positions = (mx.arange(L)[None, :] + start).astype(mx.float32)  # 1 or B, L
+        theta = positions[..., None] * inv_freq  # 1 or B, L, half
+        cos = mx.cos(theta)[:, :, None, :]  # 1 or B, L, 1, half
+        sin = mx.sin(theta)[:, :, None, :]
         rot, rest = x[..., : self.dims], x[..., self.dims :]
         if self.traditional:
             pairs = rot.reshape(B, L, H, half, 2)

@@ -13,6 +13,7 @@ import mlx.core as mx
 from .attention import causal_mask, scaled_dot_product_attention_grouped
 from .basics import linear, silu
 from .embedding import Embedding, QuantizedEmbedding
+from .fused import FusedRMSNorm, FusedRoPE, fused_attention
 from .kv_cache import KVCache
 from .layer_norm import RMSNorm
 from .positional_encoding import RoPE
@@ -149,9 +150,12 @@ def _require(weights: Mapping[str, mx.array], name: str) -> mx.array:
 
 
 class Qwen2MultiHeadAttention:
-    """Grouped-query self-attention with RoPE; weights under `prefix` (`...self_attn.`)."""
+    """Grouped-query self-attention with RoPE; weights under `prefix` (`...self_attn.`).
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+    `fused` swaps the hand-written RoPE and attention for their `mx.fast` kernels."""
+
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = "",
+                 fused: bool = False):
         self.num_heads = args.num_attention_heads
         self.num_kv_heads = args.num_key_value_heads
         self.head_dim = args.head_dim
@@ -161,19 +165,23 @@ class Qwen2MultiHeadAttention:
         self.wk, self.bk = _require(weights, prefix + "k_proj.weight"), get(prefix + "k_proj.bias")
         self.wv, self.bv = _require(weights, prefix + "v_proj.weight"), get(prefix + "v_proj.bias")
         self.wo, self.bo = _require(weights, prefix + "o_proj.weight"), get(prefix + "o_proj.bias")
-        self.rope = RoPE(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
+        self.rope = (FusedRoPE if fused else RoPE)(
+            args.head_dim, base=args.rope_theta, traditional=args.rope_traditional
+        )
+        self.attention = fused_attention if fused else scaled_dot_product_attention_grouped
 
     def __call__(
         self,
         x: mx.array,
         mask: mx.array | str | None = None,
-        offset: int = 0,
+        offset: int | mx.array = 0,
         cache: KVCache | None = None,
     ) -> mx.array:
-        """`x [B, L, E]` -> `[B, L, E]`; the tokens sit at positions `offset ..`.
+        """`x [B, L, E]` -> `[B, L, E]`; the tokens sit at positions `offset ..` (an int, or
+        `[B]` per row). Attention goes through `self.attention`.
 
         With a `cache`, the new keys and values are appended to it and attention covers
-        every stored position (`offset` must then equal `cache.offset`).
+        every stored position (`offset` is then `cache.rope_offset`).
         """
         # BEGIN SOLUTION week1-day3
         B, L, _ = x.shape
@@ -186,7 +194,7 @@ class Qwen2MultiHeadAttention:
         v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)  # B, Hkv, S, Dh
-        o = scaled_dot_product_attention_grouped(q, k, v, scale=self.scale, mask=mask)
+        o = self.attention(q, k, v, scale=self.scale, mask=mask)
         o = o.transpose(0, 2, 1, 3).reshape(B, L, Hq * Dh)  # B, L, Hq * Dh
         return project(o, self.wo, self.bo)
         # END SOLUTION
@@ -212,20 +220,22 @@ class Qwen2MLP:
 class Qwen2TransformerBlock:
     """Pre-norm decoder block: `h = x + attn(norm(x)); out = h + mlp(norm(h))`."""
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = "",
+                 fused: bool = False):
         eps = args.rms_norm_eps
-        self.input_layernorm = RMSNorm(_require(weights, prefix + "input_layernorm.weight"), eps)
-        self.post_attention_layernorm = RMSNorm(
+        norm = FusedRMSNorm if fused else RMSNorm
+        self.input_layernorm = norm(_require(weights, prefix + "input_layernorm.weight"), eps)
+        self.post_attention_layernorm = norm(
             _require(weights, prefix + "post_attention_layernorm.weight"), eps
         )
-        self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.")
+        self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.", fused)
         self.mlp = Qwen2MLP(args, weights, prefix + "mlp.")
 
     def __call__(
         self,
         x: mx.array,
         mask: mx.array | str | None = None,
-        offset: int = 0,
+        offset: int | mx.array = 0,
         cache: KVCache | None = None,
     ) -> mx.array:
         # BEGIN SOLUTION week1-day5
@@ -238,18 +248,20 @@ class Qwen2Model:
     """The whole decoder: embedding, blocks, final norm and the output head.
 
     `weights` maps Hugging Face names to arrays; they are checked against `args` first.
+    `fused=True` uses the `mx.fast` kernels for RMSNorm, RoPE and attention (week 2).
     """
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array]):
+    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], fused: bool = False):
         check_weights(args, weights)
         self.args = args
+        self.fused = fused
         table = weights["model.embed_tokens.weight"]
         self.embed_tokens = QuantizedEmbedding(table) if isinstance(table, QuantizedWeight) else Embedding(table)
         self.layers = [
-            Qwen2TransformerBlock(args, weights, f"model.layers.{i}.")
+            Qwen2TransformerBlock(args, weights, f"model.layers.{i}.", fused)
             for i in range(args.num_hidden_layers)
         ]
-        self.norm = RMSNorm(weights["model.norm.weight"], args.rms_norm_eps)
+        self.norm = (FusedRMSNorm if fused else RMSNorm)(weights["model.norm.weight"], args.rms_norm_eps)
         self.lm_head = None if args.tie_word_embeddings else weights["lm_head.weight"]
 
     def make_cache(self) -> list[KVCache]:
@@ -259,16 +271,19 @@ class Qwen2Model:
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         """`tokens [B, L]` -> logits `[B, L, V]`.
 
-        Without a cache the tokens are the whole sequence. With `cache` (from `make_cache`)
-        they continue what the cache holds, and the cache is extended by them.
+        Without a cache the tokens are the whole sequence. With `cache` (from `make_cache`,
+        or any list of per-layer caches) they continue what the cache holds, and the cache
+        is extended by them; the cache gives the positions (`rope_offset`) and the mask.
         """
         # BEGIN SOLUTION week1-day5
         if cache is not None and len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} layers, the model {len(self.layers)}")
         B, L = tokens.shape
-        offset = cache[0].offset if cache else 0
         h = self.embed_tokens(tokens)  # B, L, E
-        mask = causal_mask(L, offset + L, h.dtype) if L > 1 else None
+        if cache:
+            offset, mask = cache[0].rope_offset, cache[0].make_mask(L, h.dtype)
+        else:
+            offset, mask = 0, (causal_mask(L, L, h.dtype) if L > 1 else None)
         for i, layer in enumerate(self.layers):
             h = layer(h, mask=mask, offset=offset, cache=cache[i] if cache else None)
         h = self.norm(h)

@@ -99,6 +99,39 @@ class Sampler:
 
     __call__ = sample
 
+    def select(self, rows: Sequence[int]) -> "Sampler":
+        """A sampler for `rows` of this one, in that order, that goes on where they are:
+        same parameters, seeds, counters and mirostat state (for rows that leave a batch)."""
+        if self._shared:
+            raise ValueError("select and concat need a Sampler built from a list of SamplingParams")
+        bad = [r for r in rows if not 0 <= r < len(self.params)]
+        if not rows or bad:
+            raise ValueError(f"rows must be a non-empty list of indices below {len(self.params)}, got {list(rows)}")
+        new = object.__new__(Sampler)
+        new._shared, new._batch, new.stats = False, None, SamplerStats()
+        new.params = [self.params[r] for r in rows]
+        for name in ("_kind", "_penalised", "_breakers", "_seeds"):
+            setattr(new, name, [getattr(self, name)[r] for r in rows])
+        new._counters = self._counters[list(rows)].copy()
+        new._mu = self._mu[mx.array(rows)]
+        return new
+
+    @staticmethod
+    def concat(samplers: Sequence["Sampler"]) -> "Sampler":
+        """One sampler whose rows are the rows of `samplers`, one after another, each going
+        on where it was (for rows that join a batch)."""
+        if not samplers:
+            raise ValueError("concat needs at least one Sampler")
+        first = samplers[0].select(range(len(samplers[0].params)))
+        for other in samplers[1:]:
+            other = other.select(range(len(other.params)))
+            first.params += other.params
+            for name in ("_kind", "_penalised", "_breakers", "_seeds"):
+                getattr(first, name).extend(getattr(other, name))
+            first._counters = np.concatenate([first._counters, other._counters])
+            first._mu = mx.concatenate([first._mu, other._mu])
+        return first
+
     # ---- internals ----------------------------------------------------------------------
 
     def _rows(self, B: int) -> list[int]:

@@ -1,0 +1,69 @@
+"""Fused kernels: the week-1 building blocks, each replaced by one `mx.fast` call.
+
+Each class or function takes the same arguments as its hand-written counterpart, so the
+model swaps them in with `fused=True` and computes the same values (up to rounding).
+"""
+
+import math
+
+import mlx.core as mx
+
+
+class FusedRMSNorm:
+    """`RMSNorm` as one `mx.fast.rms_norm` kernel."""
+
+    def __init__(self, weight: mx.array, eps: float = 1e-6):
+        self.weight = weight
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        # BEGIN SOLUTION week2-day3
+        return mx.fast.rms_norm(x, self.weight, self.eps)
+        # END SOLUTION
+
+
+class FusedRoPE:
+    """`RoPE` as one `mx.fast.rope` kernel; `x [B, L, H, D]` as in week 1."""
+
+    def __init__(self, dims: int, base: float = 10000.0, traditional: bool = False):
+        if dims <= 0 or dims % 2:
+            raise ValueError(f"RoPE dims must be a positive even number, got {dims}")
+        self.dims = dims
+        self.base = float(base)
+        self.traditional = traditional
+
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        """`offset`: the first token's position, an int or one per row (`[B]`)."""
+        # BEGIN SOLUTION week2-day3
+        # mx.fast.rope wants the positions on the second-to-last axis: [B, H, L, D].
+        y = mx.fast.rope(
+            x.swapaxes(1, 2), self.dims, traditional=self.traditional, base=self.base,
+            scale=1.0, offset=offset,
+        )
+        return y.swapaxes(1, 2)
+        # END SOLUTION
+
+
+def fused_attention(
+    query: mx.array,
+    key: mx.array,
+    value: mx.array,
+    scale: float | None = None,
+    mask: mx.array | str | None = None,
+) -> mx.array:
+    """`scaled_dot_product_attention_grouped` as one `mx.fast.scaled_dot_product_attention`
+    call: `query [B, Hq, L, D]`, `key/value [B, Hkv, S, D]`, an additive `mask`
+    broadcastable to `[B, Hq, L, S]` or `"causal"`."""
+    # BEGIN SOLUTION week2-day3
+    if query.ndim != 4 or key.ndim != 4 or query.shape[1] % key.shape[1]:
+        raise ValueError(
+            f"attention shapes do not match: query {query.shape}, key {key.shape} "
+            f"(need [B, Hq, L, D] and [B, Hkv, S, D] with Hq a multiple of Hkv)"
+        )
+    if isinstance(mask, str) and mask != "causal":
+        raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if isinstance(mask, mx.array):
+        mask = mask.astype(query.dtype)
+    return mx.fast.scaled_dot_product_attention(query, key, value, scale=scale, mask=mask)
+    # END SOLUTION
