@@ -12,7 +12,7 @@
 
 For each configuration, batch size B and implementation the table shows prefill tok/s
 (prompt tokens of all rows / time to first token), the time to first token, decode tok/s
-(tokens after the first / the time they took, all rows), peak memory in GB, and the ratios
+(tokens per second after the first token, all rows together), peak memory in GB, and the ratios
 tiny-llm / mlx-lm (targets: speeds >= 0.95, memory <= 1.05; misses are marked "!").
 
 How it is measured:
@@ -30,7 +30,11 @@ How it is measured:
 - B > 1: `tiny_llm.batch.batch_generate` with one SamplingParams per row (temperature 0.7,
   top-k 40, top-p 0.95, min-p 0.05, seed = row, mlx-lm's filter order) and
   `mlx_lm.batch_generate` with the same settings as one shared `make_sampler` (it takes no
-  per-row samplers). Rates are those the functions report; TTFT is the batch's prompt time.
+  per-row samplers). Prefill rate, TTFT (the batch's prompt time) and peak memory are
+  what the functions report; decode tok/s = all generated tokens / (wall time of the call
+  - prompt time), timed here, as the two count decode time differently. (The prompt's last
+  position is prefill in tiny-llm but the first decode step in mlx-lm: 1/--max-tokens of
+  the decode time goes to mlx-lm's disadvantage, 1/--prompt-tokens of prefill to tiny-llm's.)
 - One warm-up generation (short prompt, 4 tokens), then --repeats measured ones; medians.
 - Bandwidth bound: the parent times `a + 1` over a 512 MB float32 array (read + write
   bytes). A decode step reads every weight once (a tied head reads the whole embedding
@@ -71,7 +75,7 @@ PARAGRAPH = (
     "where farmers grow wheat and barley in long, straight fields. In spring the water rises "
     "and the children watch the boats carry timber down to the town by the sea."
 )
-SAMPLING = dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05)
+SAMPLING = dict(temperature=0.7, top_k=40, top_p=0.95, min_p=0.05)  # B > 1
 WARMUP_PROMPT, WARMUP_TOKENS = 16, 4
 SPEED_TARGET, MEMORY_TARGET, SCALING_TARGET = 0.95, 1.05, 4.0
 
@@ -95,6 +99,9 @@ class IdTokenizer:
 
     def get_vocab(self) -> dict:
         return {}
+
+    def apply_chat_template(self, *args, **kwargs):
+        raise ValueError("the random model has no chat template")
 
 
 def prompt_rows(config: str, length: int, rows: int) -> list[list[int]]:
@@ -142,6 +149,52 @@ def load(config: str, impl: str, model_dir: str | None):
     return model, tokenizer
 
 
+ABLATION = ("none", "rms_norm", "rope", "attention")  # switched on one after another
+
+
+def load_partly_fused(config: str, pieces: list[str]):
+    """tiny-llm's hand-written model (`fused=False`) with the named pieces swapped for
+    their `mx.fast` kernels."""
+    import tiny_llm
+    from tiny_llm.fused import FusedRMSNorm, FusedRoPE, fused_attention
+
+    source, dtype_name = CONFIGS[config]
+    dtype = getattr(mx, dtype_name) if dtype_name else None
+    model, tokenizer = tiny_llm.load(source, dequantize=dtype is not None, dtype=dtype, fused=False)
+    if "rms_norm" in pieces:
+        model.norm = FusedRMSNorm(model.norm.weight, model.norm.eps)
+        for layer in model.layers:
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                old = getattr(layer, name)
+                setattr(layer, name, FusedRMSNorm(old.weight, old.eps))
+    for layer in model.layers:
+        attn = layer.self_attn
+        if "rope" in pieces:
+            attn.rope = FusedRoPE(attn.rope.dims, attn.rope.base, attn.rope.traditional)
+        if "attention" in pieces:
+            attn.attention = fused_attention
+    return model, tokenizer
+
+
+def run_ablation(args) -> list[dict]:
+    """Prefill and decode tok/s of the default model at B = 1, with each fused piece
+    switched on in turn (tiny-llm only)."""
+    rows, pieces = [], []
+    print(f"{'model':<40} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    for piece in ABLATION:
+        if piece != "none":
+            pieces.append(piece)
+        name = "tiny+" + "+".join(pieces) if pieces else "tiny+"
+        result = run_worker("smollm2-4bit", name, 1, args, None)
+        label = "hand-written" if not pieces else "+ fused " + pieces[-1].replace("_", " ")
+        med = result.get("median", {})
+        rows.append(dict(step=label, pieces=list(pieces), **{k: med.get(k) for k in ("prefill_tps", "decode_tps")},
+                         error=result.get("error")))
+        print(f"{label:<40} {fmt(med.get('prefill_tps'), '.2f', 14)} {fmt(med.get('decode_tps'), '.2f', 13)}"
+              + (f"  {result['error']}" if "error" in result else ""), flush=True)
+    return rows
+
+
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step reads (an mlx-lm model): every parameter, except
     that an untied model's embedding table is only looked up, one row at a time."""
@@ -175,13 +228,15 @@ def generate_single(impl: str, model, tokenizer, prompt: list[int], max_tokens: 
     ttft = times[0] - start
     return dict(prefill_tps=len(prompt) / ttft, ttft=ttft,
                 decode_tps=(len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0,
-                peak_gb=last.peak_memory, tokens=tokens)
+                peak_gb=last.peak_memory, reported_decode_tps=last.generation_tps, tokens=tokens)
 
 
 def generate_batch(impl: str, model, tokenizer, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Sampled B > 1 generation through each library's `batch_generate`; its own stats."""
+    """Sampled B > 1 generation through each library's `batch_generate`: its prompt time
+    and peak memory; decode rate = all generated tokens / (wall time - prompt time)."""
     bias = eos_bias(tokenizer)
     mx.reset_peak_memory()
+    start = time.perf_counter()
     if impl == "tiny":
         from tiny_llm.batch import batch_generate
         from tiny_llm.sampler import SamplingParams
@@ -200,22 +255,23 @@ def generate_batch(impl: str, model, tokenizer, prompts: list[list[int]], max_to
                                 logits_processors=make_logits_processors(logit_bias=bias),
                                 return_token_ids=True)
         tokens = result.token_ids
+    wall = time.perf_counter() - start
     if any(len(t) != max_tokens for t in tokens):
         raise RuntimeError(f"{impl} generated {[len(t) for t in tokens]} tokens per row, not {max_tokens}")
     s = result.stats
-    return dict(prefill_tps=s.prompt_tps, ttft=s.prompt_time, decode_tps=s.generation_tps, peak_gb=s.peak_memory)
+    return dict(prefill_tps=s.prompt_tps, ttft=s.prompt_time, decode_tps=len(prompts) * max_tokens / (wall - s.prompt_time),
+                peak_gb=s.peak_memory, reported_decode_tps=s.generation_tps)
 
 
 def worker(config: str, impl: str, batch: int, args) -> dict:
     """Load one model, warm up, measure `args.repeats` generations; medians and details."""
     out = dict(config=config, impl=impl, batch=batch)
-    if impl == "tiny" and batch > 1:
-        try:
-            import tiny_llm.batch  # noqa: F401
-        except ImportError:
-            return dict(out, error="tiny_llm.batch not available")
     start = time.perf_counter()
-    model, tokenizer = load(config, impl, args.model_dir)
+    if impl.startswith("tiny+"):  # an ablation step: the hand-written model plus some fused pieces
+        model, tokenizer = load_partly_fused(config, impl.removeprefix("tiny+").split("+"))
+        impl = "tiny"
+    else:
+        model, tokenizer = load(config, impl, args.model_dir)
     out["load_s"] = time.perf_counter() - start
     if impl == "mlx":
         out["weight_bytes"] = weight_bytes(model)
@@ -309,8 +365,9 @@ def ratio(tiny: dict, mlx: dict, key: str) -> float | None:
     return a / b if a is not None and b else None
 
 
-def fmt(value: float | None, spec: str, width: int, miss: bool = False) -> str:
-    text = "-" if value is None else format(value, spec) + ("!" if miss else "")
+def fmt(value: float | None, spec: str, width: int = 0, miss: bool = False, unit: str = "") -> str:
+    """`value` right-aligned in `width`, "-" when missing, "!" when it misses its target."""
+    text = "-" if value is None else format(value, spec) + unit + ("!" if miss else "")
     return text.rjust(width)
 
 
@@ -321,12 +378,16 @@ HEADER = (f"{'':24s} {'':>2s} | {'prefill tok/s':^22s} | {'TTFT s':^13s} | {'dec
           f"{'tiny':>5s} {'mlx':>5s}")
 
 
+def bound_fraction(median: dict, row: dict) -> float | None:
+    """Decode tok/s as a fraction of B x the bandwidth bound."""
+    bound = row.get("bound_tps")
+    return median["decode_tps"] / (row["batch"] * bound) if bound and "decode_tps" in median else None
+
+
 def table_row(row: dict) -> str:
     t, m = row["tiny"], row["mlx"]
     tm, mm = t.get("median", {}), m.get("median", {})
     r_pre, r_dec, r_mem = row["ratio_prefill"], row["ratio_decode"], row["ratio_peak"]
-    bound = row.get("bound_tps")
-    frac = lambda d: d["decode_tps"] / (row["batch"] * bound) if bound and "decode_tps" in d else None
     line = (f"{row['config']:24s} {row['batch']:2d} | {fmt(tm.get('prefill_tps'), '.1f', 7)} "
             f"{fmt(mm.get('prefill_tps'), '.1f', 7)} {fmt(r_pre, '.2f', 6, r_pre is not None and r_pre < SPEED_TARGET)} | "
             f"{fmt(tm.get('ttft'), '.3f', 6)} {fmt(mm.get('ttft'), '.3f', 6)} | "
@@ -334,7 +395,7 @@ def table_row(row: dict) -> str:
             f"{fmt(r_dec, '.2f', 6, r_dec is not None and r_dec < SPEED_TARGET)} | "
             f"{fmt(tm.get('peak_gb'), '.3f', 6)} {fmt(mm.get('peak_gb'), '.3f', 6)} "
             f"{fmt(r_mem, '.2f', 6, r_mem is not None and r_mem > MEMORY_TARGET)} | "
-            f"{fmt(frac(tm), '.2f', 5)} {fmt(frac(mm), '.2f', 5)}")
+            f"{fmt(bound_fraction(tm, row), '.2f', 5)} {fmt(bound_fraction(mm, row), '.2f', 5)}")
     errors = [f"{name}: {d['error']}" for name, d in (("tiny-llm", t), ("mlx-lm", m)) if "error" in d]
     return line + ("   (" + "; ".join(errors) + ")" if errors else "")
 
@@ -375,8 +436,8 @@ def bench_config(config: str, args, batches: list[int], bandwidth: float, model_
     for batch in (b for b in batches if b > 1 and 1 in by_batch):
         scaling = {impl: ratio(by_batch[batch][impl], by_batch[1][impl], "decode_tps") for impl in IMPLS}
         miss = scaling["tiny"] is not None and scaling["tiny"] < SCALING_TARGET
-        notes.append(f"decode throughput B = {batch} / B = 1: tiny-llm {fmt(scaling['tiny'], '.2f', 0, miss)}x "
-                     f"(target >= {SCALING_TARGET:g}x), mlx-lm {fmt(scaling['mlx'], '.2f', 0)}x")
+        notes.append(f"decode throughput B = {batch} / B = 1: tiny-llm {fmt(scaling['tiny'], '.2f', miss=miss, unit='x')} "
+                     f"(target >= {SCALING_TARGET:g}x), mlx-lm {fmt(scaling['mlx'], '.2f', unit='x')}")
     return rows, notes
 
 
@@ -389,6 +450,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="smollm2-4bit, B 1 and 2, 16 + 8 tokens, 1 repeat")
     parser.add_argument("--json", default=None, help="write the numbers and machine info to this file")
+    parser.add_argument("--ablation", action="store_true",
+                        help="instead: tiny-llm's default model at B = 1, each mx.fast kernel switched on in turn")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "IMPL", "B"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -416,16 +479,25 @@ def main(argv=None) -> int:
 
     info = machine_info(measure_bandwidth())
     info |= dict(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, repeats=args.repeats,
-                 sampling_b1="greedy; stream_generate(sampler=, logits_processors=) on both sides, EOS bias -inf",
-                 sampling_batch=f"{SAMPLING}, one SamplingParams per row (seed = row, order mlx-lm) in tiny-llm; "
-                                f"one shared make_sampler in mlx-lm; EOS bias -inf")
+                 sampling_b1="greedy, stream_generate(sampler=, logits_processors=) on both sides",
+                 sampling_batch=", ".join(f"{k} {v}" for k, v in SAMPLING.items())
+                 + "; tiny-llm: one SamplingParams per row (seed = row, order mlx-lm), "
+                   "mlx-lm: one shared make_sampler")
     print(f"{info['processor']}, {info['cpu_count']} CPUs, {info['platform']}; MLX {info['mlx']} ({info['device']}), "
           f"mlx-lm {info['mlx_lm']}; memory bandwidth {info['bandwidth_gbs']:.1f} GB/s (a + 1, 512 MB float32)")
-    print(f"prompt {args.prompt_tokens} tokens, {args.max_tokens} new tokens, median of {args.repeats} runs "
-          f"after one warm-up, each (configuration, implementation, B) in its own process")
-    print(f"B = 1: {info['sampling_b1']}; B > 1: {info['sampling_batch']}")
+    print(f"prompt {args.prompt_tokens} tokens, {args.max_tokens} new tokens (EOS bias -inf), median of "
+          f"{args.repeats} after one warm-up, each (configuration, implementation, B) in its own process")
+    print(f"sampling: B = 1 {info['sampling_b1']}; B > 1 {info['sampling_batch']}")
     print(f"ratio = tiny-llm / mlx-lm, '!' misses the target (speed >= {SPEED_TARGET}, memory <= {MEMORY_TARGET}); "
           f"of bound = decode tok/s / (B x bandwidth / weight bytes per step)")
+    if args.ablation:
+        print(f"ablation: smollm2-4bit, B = 1, greedy, tiny-llm only; median of {args.repeats}")
+        rows = run_ablation(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(info=info, ablation=rows), f, indent=2)
+            print(f"wrote {args.json}")
+        return 0
     print(HEADER, flush=True)
     results, notes = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:

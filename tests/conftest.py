@@ -74,6 +74,33 @@ def default_model(default_model_dir):
 
 
 @pytest.fixture(scope="session")
+def course_default_model(default_model_dir):
+    """The default model on the course's hand-written RMSNorm, RoPE and attention."""
+    from tiny_llm import load
+
+    return load("default", fused=False)
+
+
+def tiny_model(name: str, seed: int = 0, fused: bool = False, **overrides):
+    """tiny-llm's model of `TINY_CONFIGS[name]` (plus `overrides`) with mlx-lm's seeded
+    random weights, and that mlx-lm reference model."""
+    from tiny_llm.qwen2 import ModelArgs, Qwen2Model
+
+    config = dict(TINY_CONFIGS[name], **overrides)
+    ref = reference_model(config, seed=seed)
+    return Qwen2Model(ModelArgs.from_config(config), model_weights(ref), fused=fused), ref
+
+
+def vocab_tokenizer(n: int) -> Tokenizer:
+    """`n` whole-word tokens `w0 .. w{n-1}`; token 0 ends the sequence."""
+    words = [f"w{i}" for i in range(n)]
+    backend = Backend(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return Tokenizer(backend, eos_tokens=["w0"])
+
+
+@pytest.fixture(scope="session")
 def reference_default_model(default_model_dir):
     import mlx_lm
 
@@ -128,4 +155,4 @@ class CachedCountingModel(CountingModel):
 
 
 __all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map", "VOCAB", "V", "EOS",
-           "word_tokenizer", "CountingModel", "CachedCountingModel"]
+           "word_tokenizer", "vocab_tokenizer", "tiny_model", "CountingModel", "CachedCountingModel"]

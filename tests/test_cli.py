@@ -221,3 +221,65 @@ def test_smoke_prints_the_top_candidates(capsys):
     assert 0 < sum(percents) <= 100.01
     assert len({row.group(2) for row in rows}) == 5  # five different token ids
     assert rows[0].group(4) == " Paris" and percents[0] > 50
+
+
+# ---------------------------------------------------------------------------------------------
+# batch
+
+
+def prompts_file(tmp_path, text: str) -> str:
+    path = tmp_path / "prompts.txt"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, extra, fragments", [
+    (None, [], ["cannot read --prompts", "missing.txt"]),
+    ('{"prompt": "hi"\n', [], ["prompts.txt:1", "not valid JSON"]),
+    ('Hello\n{"max_tokens": 3}\n', [], ["prompts.txt:2", '"prompt" string']),
+    ('{"prompt": "hi", "colour": 1}\n', [], ["prompts.txt:1", "unknown keys colour"]),
+    ('{"prompt": "hi", "top_p": 2}\n', [], ["prompts.txt:1", "top_p", "2"]),
+    ('{"prompt": "hi", "max_tokens": 0}\n', [], ["prompts.txt:1", "max_tokens", "0"]),
+    ('{"prompt": "  "}\n', [], ["prompts.txt:1", "empty"]),
+    ("\n\n", [], ["holds no prompt"]),
+    ("Hello\n", ["--max-batch-size", "0"], ["--max-batch-size", "0"]),
+    ("Hello\n", ["--prefill-step-size", "0"], ["--prefill-step-size", "0"]),
+    ("Hello\n", ["--max-tokens", "-1"], ["--max-tokens", "-1"]),
+], ids=["missing-file", "bad-json", "no-prompt-key", "unknown-key", "bad-field", "bad-max-tokens",
+        "empty-prompt", "no-prompts", "batch-size-0", "prefill-step-0", "max-tokens-unlimited"])
+def test_batch_user_errors(tmp_path, text, extra, fragments, capsys):
+    """Every problem in the prompts file or flags is one line naming the place, exit 2,
+    before a model is loaded."""
+    path = str(tmp_path / "missing.txt") if text is None else prompts_file(tmp_path, text)
+    status = run_main(["batch", "--prompts", path, *extra, *NO_MODEL])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_batch_answers_every_request_like_generate(tmp_path):
+    """Three requests through two rows: each is printed once, with its reason and count; the
+    greedy ones equal `generate`'s text, and the seeded JSON one repeats run to run."""
+    import tiny_llm
+
+    lines = [PROMPT, '{"prompt": "Name a colour.", "max_tokens": 5, "temperature": 0.8, "seed": 3}',
+             "", "Count to three."]
+    path = prompts_file(tmp_path, "\n".join(lines) + "\n")
+    runs = [run_captured(["batch", "--prompts", path, "--max-tokens", "8", "--max-batch-size", "2"])
+            for _ in range(2)]
+    status, out, err = runs[0]
+    assert status == 0, err
+    assert runs[1][1] == out  # the same text again
+    blocks = {u: t for u, _, t in re.findall(r"--- request (\d) \((stop|length), \d+ tokens\) ---\n(.*?)\n(?=---|\Z)", out, re.S)}
+    assert sorted(blocks) == ["0", "1", "2"]
+    model, tokenizer = tiny_llm.load("default")
+    for uid, prompt in (("0", PROMPT), ("2", "Count to three.")):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        assert blocks[uid] == tiny_llm.generate(model, tokenizer, text, 8)
+
+
+def test_generate_without_kv_cache_gives_the_same_text(greedy_run):
+    """--no-kv-cache runs week 1's loop: the same greedy text (4 tokens: it is slow)."""
+    fast = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "4"])
+    slow = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "4", "--no-kv-cache", "--no-fused"])
+    assert fast[0] == slow[0] == 0
+    assert fast[1] == slow[1] and fast[1].strip()

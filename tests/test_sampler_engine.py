@@ -890,3 +890,31 @@ def test_tokens_are_int32_on_every_path():
     for p in (SamplingParams(temperature=0), SamplingParams(temperature=0.7),
               SamplingParams(top_k=5), SamplingParams(typical_p=0.5)):
         assert Sampler(p).sample(x).dtype == mx.int32
+
+
+def test_select_and_concat_go_on_where_the_rows_were():
+    """Rows taken out of a sampler (select) or put together (concat) keep their params,
+    seeds and counters: their next draws equal the original sampler's."""
+    rng = np.random.default_rng(77)
+    params = [SamplingParams(temperature=1.0, seed=s, top_k=k) for s, k in ((1, 0), (2, 5), (3, 0))]
+    logits = [mx.array(rng.normal(size=(3, 50)).astype(np.float32)) for _ in range(4)]
+    whole = Sampler(params)
+    for x in logits[:2]:
+        whole.sample(x)
+    picked = whole.select([2, 0])
+    parts = Sampler.concat([whole.select([0]), whole.select([1, 2])])
+    for x in logits[2:]:
+        want = whole.sample(x).tolist()
+        assert picked.sample(x[mx.array([2, 0])]).tolist() == [want[2], want[0]]
+        assert parts.sample(x).tolist() == want
+
+
+def test_select_and_concat_refuse_bad_input():
+    with pytest.raises(ValueError, match="list of SamplingParams"):
+        Sampler(SamplingParams()).select([0])
+    with pytest.raises(ValueError, match="indices below 2"):
+        Sampler([SamplingParams(), SamplingParams()]).select([2])
+    with pytest.raises(ValueError, match="non-empty"):
+        Sampler([SamplingParams()]).select([])
+    with pytest.raises(ValueError, match="at least one"):
+        Sampler.concat([])

@@ -3,7 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import EOS, V, CachedCountingModel, CountingModel, word_tokenizer
+from conftest import EOS, TINY_CONFIGS, V, CountingModel, tiny_model, word_tokenizer
 
 import tiny_llm
 from tiny_llm.generate import generate_step, stream_generate
@@ -20,14 +20,6 @@ def test_greedy_follows_the_model_and_recomputes_without_cache():
     out = list(generate_step(mx.array([1, 2]), model, max_tokens=3))
     assert [t for t, _ in out] == [3, 4, 5]
     assert model.calls == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
-
-
-def test_prefill_then_one_token_per_step_with_a_cache():
-    """With a cache: the prompt once (prefill), then only the newest token (decode)."""
-    model = CachedCountingModel()
-    out = list(generate_step(mx.array([1, 2, 3]), model, max_tokens=3))
-    assert [t for t, _ in out] == [4, 5, 6]
-    assert model.calls == [[1, 2, 3], [4], [5]]
 
 
 def test_yielded_logprobs_are_the_normalised_last_position():
@@ -58,7 +50,7 @@ def test_logits_processors_see_the_whole_history_and_change_the_choice():
         histories.append(tokens.tolist())
         return logits + 10.0 * (mx.arange(V) == 7)
 
-    model = CachedCountingModel()
+    model = CountingModel()
     out = [t for t, _ in generate_step(mx.array([1, 2]), model, max_tokens=3,
                                        logits_processors=[boost_seven])]
     assert out == [7, 7, 7]
@@ -76,7 +68,7 @@ def test_stream_stops_at_max_tokens():
 
 def test_stream_stops_at_end_of_sequence_without_showing_it():
     """Reaching the EOS token ends generation with 'stop'; EOS text is not emitted."""
-    responses = list(stream_generate(CachedCountingModel(), word_tokenizer(), "f", max_tokens=10))
+    responses = list(stream_generate(CountingModel(), word_tokenizer(), "f", max_tokens=10))
     assert [r.token for r in responses] == [7, EOS]
     assert responses[-1].finish_reason == "stop"
     assert "".join(r.text for r in responses) == "g"
@@ -101,30 +93,31 @@ def test_statistics_are_filled_in():
     assert last.peak_memory >= 0 and last.from_draft is False
 
 
-# ---- the real default model -----------------------------------------------------------------
-
-PROMPTS = ["def fibonacci(n):", "Once upon a time, in a small village,"]
+# ---- a real (random-weight) model ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_generation_matches_mlx_lm(default_model, reference_default_model, prompt):
-    """48 greedy tokens of the default model equal mlx_lm.stream_generate's, token for token."""
-    import mlx_lm
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_greedy_recompute_matches_mlx_lm(name):
+    """Without a cache (week 1's loop), 10 greedy tokens of a random model equal mlx-lm's."""
+    from mlx_lm.generate import generate_step as reference_step
 
-    model, tokenizer = default_model
-    ref_model, ref_tokenizer = reference_default_model
-    ids = tokenizer.encode(prompt)
-    ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, ids, max_tokens=48)]
-    theirs = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, ids, max_tokens=48)]
-    assert len(ours) == 48
+    model, ref = tiny_model(name, seed=21)
+    prompt = mx.array([5, 17, 3, 9, 30])
+    ours = [t for t, _ in generate_step(prompt, model, max_tokens=10, kv_cache=False)]
+    theirs = [int(t) for t, _ in reference_step(prompt, ref, max_tokens=10)]
     assert ours == theirs
 
 
-def test_chat_answer_from_the_default_model(default_model):
-    """With the chat template, the model answers a factual question correctly."""
-    model, tokenizer = default_model
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    responses = list(tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=20))
-    text = "".join(r.text for r in responses)
-    assert "Paris" in text
-    assert responses[-1].finish_reason == "stop"
+def test_kv_cache_false_recomputes_even_when_the_model_has_a_cache():
+    """kv_cache=False runs week 1's loop: the model is called with the whole sequence and
+    without a cache."""
+    model, _ = tiny_model("llama-untied", seed=3)
+    calls = []
+
+    def spy(tokens, cache=None):
+        calls.append((tokens.shape[1], cache))
+        return model(tokens, cache=cache)
+
+    spy.make_cache = model.make_cache
+    list(generate_step(mx.array([1, 2, 3]), spy, max_tokens=3, kv_cache=False))
+    assert calls == [(3, None), (4, None), (5, None)]

@@ -1,8 +1,11 @@
-"""The `tiny-llm` command line: `generate`, `chat` and `smoke`."""
+"""The `tiny-llm` command line: `generate`, `chat`, `batch` and `smoke`."""
 
 import argparse
+import dataclasses
+import json
 import re
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -13,9 +16,16 @@ class UserError(Exception):
     """A mistake on the command line: printed as one line, exit status 2."""
 
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
+def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True) -> None:
     parser.add_argument("--model", default="default",
                         help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
+    if generation:
+        parser.add_argument("--prefill-step-size", type=int, default=2048,
+                            help="prefill the prompt in chunks of this many tokens (default 2048)")
+        parser.add_argument("--no-kv-cache", action="store_true",
+                            help="recompute the whole sequence for every token (week 1's loop; slow)")
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
@@ -127,8 +137,10 @@ def _flag_names(message: str) -> str:
 def _load(args: argparse.Namespace):
     from .loader import load
 
+    if getattr(args, "prefill_step_size", 1) < 1:
+        raise UserError(f"--prefill-step-size must be a positive integer, got {args.prefill_step_size}")
     try:
-        return load(args.model)
+        return load(args.model, fused=not args.no_fused)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
 
@@ -163,7 +175,8 @@ def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None
 
     pieces = [] if pieces is None else pieces
     last, shown = None, []
-    for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler):
+    for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler,
+                                    prefill_step_size=args.prefill_step_size, kv_cache=not args.no_kv_cache):
         print(response.text, end="", flush=True)
         pieces.append(response.text)
         last = response
@@ -227,6 +240,98 @@ def _chat(args: argparse.Namespace) -> None:
             _print_stats(last, sampler)
 
 
+def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, object]]:
+    """`(prompt, max_tokens, SamplingParams)` per request in `--prompts FILE`: one prompt per
+    line, or a JSON object with "prompt" and optional "max_tokens" and SamplingParams
+    fields. With --seed S, request i without its own seed gets S + i."""
+    path = Path(args.prompts)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UserError(f"cannot read --prompts {path}: {e.strerror or e}") from None
+    fields = {f.name for f in dataclasses.fields(defaults)}
+    requests = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        entry = {"prompt": line}
+        if line.lstrip().startswith("{"):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+            if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
+                raise UserError(f'{where}: a JSON line needs a "prompt" string')
+        unknown = sorted(set(entry) - fields - {"prompt", "max_tokens"})
+        if unknown:
+            raise UserError(f"{where}: unknown keys {', '.join(unknown)} (use SamplingParams field names)")
+        if not entry["prompt"].strip():
+            raise UserError(f"{where}: the prompt is empty")
+        max_tokens = entry.get("max_tokens", args.max_tokens)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise UserError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
+        changes = {k: v for k, v in entry.items() if k in fields}
+        if "seed" not in changes and defaults.seed is not None:
+            changes["seed"] = defaults.seed + len(requests)
+        if "logit_bias" in changes and isinstance(changes["logit_bias"], dict):
+            changes["logit_bias"] = {int(k): v for k, v in changes["logit_bias"].items()}
+        try:
+            params = dataclasses.replace(defaults, **changes)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{where}: {e}") from None
+        requests.append((entry["prompt"], max_tokens, params))
+    if not requests:
+        raise UserError(f"--prompts {path} holds no prompt")
+    return requests
+
+
+def _batch(args: argparse.Namespace) -> None:
+    from .batch import BatchGenerator
+
+    if args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be a positive integer for batch, got {args.max_tokens}")
+    if args.max_batch_size < 1:
+        raise UserError(f"--max-batch-size must be a positive integer, got {args.max_batch_size}")
+    requests = _read_requests(args, _sampling(args))
+    model, tokenizer = _load(args)
+    gen = BatchGenerator(model, tokenizer, max_batch_size=args.max_batch_size,
+                         prefill_step_size=args.prefill_step_size)
+    for i, (prompt, max_tokens, params) in enumerate(requests):
+        text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
+        try:
+            gen.insert(text, max_tokens, params)
+        except ValueError as e:
+            raise UserError(f"request {i}: {e}") from None
+    texts = {i: [] for i in range(len(requests))}
+    counts = dict.fromkeys(texts, 0)
+    done: list[int] = []
+    live = sys.stderr.isatty()
+    while gen.has_work():
+        for r in gen.step():
+            texts[r.uid].append(r.text)
+            counts[r.uid] = r.generation_tokens
+            if r.finish_reason:
+                done.append(r.uid)
+                if live:
+                    print("\r\033[K", end="", file=sys.stderr)
+                print(f"--- request {r.uid} ({r.finish_reason}, {r.generation_tokens} tokens) ---", flush=True)
+                print("".join(texts[r.uid]), flush=True)
+        running = " ".join(f"#{u} {counts[u]}/{requests[u][1]}" for u in gen.running)
+        status = f"running: {running or '-'} | waiting: {len(gen.waiting)} | done: {len(done)}/{len(requests)}"
+        if live:
+            print("\r\033[K" + status, end="", file=sys.stderr, flush=True)
+        elif args.verbose:
+            print(status, file=sys.stderr)
+    if live:
+        print("\r\033[K", end="", file=sys.stderr)
+    if args.verbose:
+        s = gen.stats
+        print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tokens/s\n"
+              f"generation: {s.generation_tokens} tokens, {s.generation_tps:.1f} tokens/s\n"
+              f"peak memory: {s.peak_memory:.3f} GB", file=sys.stderr)
+
+
 def _smoke(args: argparse.Namespace) -> None:
     if not args.prompt.strip():
         raise UserError("--prompt is empty")
@@ -263,12 +368,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_options(chat)
     chat.set_defaults(run=_chat)
 
+    batch = commands.add_parser("batch", help="generate for many prompts at once (continuous batching)")
+    batch.add_argument("--prompts", required=True, metavar="FILE",
+                       help='one prompt per line, or JSON lines {"prompt": ..., "max_tokens": ..., "seed": ...} '
+                            "with any sampling field")
+    batch.add_argument("--max-batch-size", type=int, default=8,
+                       help="most requests decoding together; the others wait (default 8)")
+    _add_model_options(batch)
+    _add_sampling_options(batch)
+    batch.set_defaults(run=_batch)
+
     smoke = commands.add_parser("smoke", help="run the model once and show the next-token distribution")
     smoke.add_argument("--prompt", required=True, help="the prompt text")
     smoke.add_argument("--top", type=int, default=5, help="how many candidates to show (default 5)")
     smoke.add_argument("--system", default=None, help="system message for the chat template")
     smoke.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
-    _add_model_options(smoke)
+    _add_model_options(smoke, generation=False)
     smoke.set_defaults(run=_smoke)
     return parser
 

@@ -28,6 +28,8 @@ class FusedRoPE:
     def __init__(self, dims: int, base: float = 10000.0, traditional: bool = False):
         if dims <= 0 or dims % 2:
             raise ValueError(f"RoPE dims must be a positive even number, got {dims}")
+        if not base > 0:
+            raise ValueError(f"RoPE base must be positive, got {base}")
         self.dims = dims
         self.base = float(base)
         self.traditional = traditional
@@ -55,13 +57,18 @@ def fused_attention(
     call: `query [B, Hq, L, D]`, `key/value [B, Hkv, S, D]`, an additive `mask`
     broadcastable to `[B, Hq, L, S]` or `"causal"`."""
     # BEGIN SOLUTION week2-day3
-    if query.ndim != 4 or key.ndim != 4 or query.shape[1] % key.shape[1]:
+    if (query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or key.shape[:3] != value.shape[:3]
+            or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
+            or query.shape[1] % key.shape[1]):
         raise ValueError(
-            f"attention shapes do not match: query {query.shape}, key {key.shape} "
-            f"(need [B, Hq, L, D] and [B, Hkv, S, D] with Hq a multiple of Hkv)"
+            f"attention shapes do not match: query {query.shape}, key {key.shape}, value {value.shape} "
+            f"(need [B, Hq, L, D], [B, Hkv, S, D], [B, Hkv, S, Dv] with Hq a multiple of Hkv)"
         )
-    if isinstance(mask, str) and mask != "causal":
-        raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
+        if query.shape[2] > key.shape[2]:
+            raise ValueError(f"a causal mask needs L <= S, got L={query.shape[2]}, S={key.shape[2]}")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if isinstance(mask, mx.array):
         mask = mask.astype(query.dtype)

@@ -59,6 +59,10 @@ def generate_step(
     only the newest token (week 2). With `kv_cache=False`, or a model without
     `make_cache`, every step runs the whole sequence through the model (week 1).
     Logits processors see every token so far (prompt and generated) as `tokens [T]`.
+
+    The cached loop runs one step ahead: when the caller stops early (at an end-of-sequence
+    token), that last token has already been fed to `prompt_cache`; after `max_tokens` it
+    has not.
     """
     sampler = sampler or greedy_sampler
     processors = list(logits_processors or [])
@@ -102,12 +106,15 @@ def _recompute_steps(prompt, model, max_tokens, sampler, processors):
 def prefill(model: Model, tokens: mx.array, cache: list, step_size: int = 2048) -> mx.array:
     """Run `tokens [B, L]` into `cache` in chunks of at most `step_size` positions, and
     return the logits of the last position, `[B, V]`. Chunks bound the memory of the
-    attention scores (`L x S` per head) and of the activations."""
+    attention scores (`L x S` per head) and of the activations. Only the cache of the
+    positions before the last is evaluated, so the output head (`E x V` per position) runs
+    for the last position alone."""
     # BEGIN SOLUTION week2-day2
-    while tokens.shape[1] > step_size:
-        model(tokens[:, :step_size], cache=cache)
-        mx.eval([a for c in cache for a in (c.keys, c.values)])  # keep the graph one chunk long
-        tokens = tokens[:, step_size:]
+    while tokens.shape[1] > 1:
+        n = min(step_size, tokens.shape[1] - 1)
+        model(tokens[:, :n], cache=cache)  # the logits are never evaluated: only the cache
+        mx.eval([a for c in cache for a in (c.keys, c.values)])
+        tokens = tokens[:, n:]
     return model(tokens, cache=cache)[:, -1, :]
     # END SOLUTION
 
@@ -188,15 +195,7 @@ def stream_generate(
             prompt_tps = prompt.size / ttft
             decode_start = time.perf_counter()
         finish = "stop" if token in eos else ("length" if n + 1 == max_tokens else None)
-        if finish == "stop":  # the end-of-sequence token itself is not shown
-            detokenizer.finalize()
-            text = detokenizer.last_segment
-        else:
-            detokenizer.add_token(token)
-            text = detokenizer.last_segment
-            if finish == "length":
-                detokenizer.finalize()
-                text += detokenizer.last_segment
+        text = detokenizer.step(token, finish)  # the end-of-sequence token itself is not shown
         elapsed = time.perf_counter() - decode_start
         yield GenerationResponse(
             text=text,

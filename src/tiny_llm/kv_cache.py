@@ -115,7 +115,7 @@ class BatchKVCache(KVCache):
 
     def filter(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order), and drop the padding every kept row shares."""
-        # BEGIN SOLUTION week2-day5
+        # BEGIN SOLUTION week2-day4
         if not rows:
             raise ValueError("filter needs at least one row to keep")
         idx = mx.array(rows)

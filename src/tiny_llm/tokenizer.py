@@ -218,3 +218,17 @@ class StreamingDetokenizer:
         self.last_segment = now[len(done) :]
         self._prefix = self._read = len(self.tokens)
         self.text += self.last_segment
+
+    def step(self, token: int, finish: str | None) -> str:
+        """The text to show for one generated `token`: an end-of-sequence token
+        (`finish == "stop"`) adds nothing and releases the rest; the last token of a
+        generation (`finish == "length"`) is added and everything is released."""
+        if finish == "stop":
+            self.finalize()
+            return self.last_segment
+        self.add_token(token)
+        text = self.last_segment
+        if finish == "length":
+            self.finalize()
+            text += self.last_segment
+        return text

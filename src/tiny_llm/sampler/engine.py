@@ -104,6 +104,7 @@ class Sampler:
         same parameters, seeds, counters and mirostat state (for rows that leave a batch)."""
         if self._shared:
             raise ValueError("select and concat need a Sampler built from a list of SamplingParams")
+        rows = list(rows)
         bad = [r for r in rows if not 0 <= r < len(self.params)]
         if not rows or bad:
             raise ValueError(f"rows must be a non-empty list of indices below {len(self.params)}, got {list(rows)}")
@@ -112,7 +113,7 @@ class Sampler:
         new.params = [self.params[r] for r in rows]
         for name in ("_kind", "_penalised", "_breakers", "_seeds"):
             setattr(new, name, [getattr(self, name)[r] for r in rows])
-        new._counters = self._counters[list(rows)].copy()
+        new._counters = self._counters[rows].copy()
         new._mu = self._mu[mx.array(rows)]
         return new
 

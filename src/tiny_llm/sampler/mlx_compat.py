@@ -93,14 +93,14 @@ def make_logits_processors(
     if logit_bias:
         for token in logit_bias:
             check_int("logit_bias token", token, minimum=0)
+        largest = max(logit_bias)
         indices = mx.array(list(logit_bias.keys()))
         values = mx.array([check_float("logit_bias value", v) for v in logit_bias.values()])
 
         def logit_bias_processor(_tokens: mx.array, logits: mx.array) -> mx.array:
-            if int(mx.max(indices).item()) >= logits.shape[-1]:
+            if largest >= logits.shape[-1]:
                 raise ValueError(
-                    f"logit_bias names token {int(mx.max(indices).item())}, "
-                    f"but the vocabulary has {logits.shape[-1]} tokens"
+                    f"logit_bias names token {largest}, but the vocabulary has {logits.shape[-1]} tokens"
                 )
             return logits.at[:, indices].add(values)
 

@@ -1,0 +1,267 @@
+"""Batched generation: many prompts at once, each row with its own `SamplingParams`.
+
+Prompts of different lengths are left-padded to one length and prefilled together; a
+`BatchKVCache` hides the padding and gives every row its own positions. Each decode step
+runs one token per row through the model and one `Sampler` call for all rows.
+
+`BatchGenerator` is continuous batching: requests are inserted at any time, join the
+running batch between decode steps, and leave it when they finish. `batch_generate` runs a
+fixed list of prompts to the end.
+
+    gen = BatchGenerator(model, tokenizer, max_batch_size=8)
+    uid = gen.insert("Hello", max_tokens=32, params=SamplingParams(temperature=0.7, seed=1))
+    while gen.has_work():
+        for r in gen.step():
+            print(r.uid, r.text, r.finish_reason)
+"""
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from .generate import prefill
+from .kv_cache import BatchKVCache
+from .sampler import Sampler, SamplingParams
+from .sampler.checks import check_int
+from .tokenizer import StreamingDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class BatchResponse:
+    """One generated token of one request. `text` is the newly released text;
+    `finish_reason` is `"stop"` (end-of-sequence token, not shown), `"length"`
+    (`max_tokens` reached) or None while the request goes on."""
+
+    uid: int
+    token: int
+    text: str
+    generation_tokens: int
+    finish_reason: str | None
+
+
+@dataclass
+class BatchStats:
+    """Totals over every request so far; rates are tokens per second, memory in GB."""
+
+    prompt_tokens: int = 0
+    prompt_time: float = 0.0
+    generation_tokens: int = 0
+    generation_time: float = 0.0
+    peak_memory: float = 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_time if self.prompt_time else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generation_tokens / self.generation_time if self.generation_time else 0.0
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What `batch_generate` returns, one entry per prompt, in the prompts' order."""
+
+    texts: list[str]
+    tokens: list[list[int]]  # generated tokens, without a final end-of-sequence token
+    finish_reasons: list[str]
+    stats: BatchStats
+
+
+@dataclass
+class _Request:
+    uid: int
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    detokenizer: StreamingDetokenizer
+    history: list[int] = field(default_factory=list)  # prompt and generated tokens
+    generated: int = 0
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[mx.array, list[int]]:
+    """Token rows of equal length, `[B, L]` with `L` the longest prompt, and how many `pad`
+    tokens each row starts with."""
+    # BEGIN SOLUTION week2-day4
+    L = max(len(p) for p in prompts)
+    padding = [L - len(p) for p in prompts]
+    rows = [[pad] * n + list(p) for n, p in zip(padding, prompts)]
+    return mx.array(rows, dtype=mx.int32), padding
+    # END SOLUTION
+
+
+class BatchGenerator:
+    """Continuous batching over one model: `insert` requests, call `step` until
+    `has_work()` is False. At most `max_batch_size` requests decode together; the others
+    wait and join as rows finish."""
+
+    def __init__(self, model, tokenizer: Tokenizer, *, max_batch_size: int = 8,
+                 prefill_step_size: int = 2048):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
+        self.prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
+        self.stats = BatchStats()
+        self._eos = tokenizer.eos_token_ids
+        self._waiting: deque[_Request] = deque()
+        self._rows: list[_Request] = []  # the running batch, in cache-row order
+        self._cache: list[BatchKVCache] | None = None
+        self._sampler: Sampler | None = None
+        self._logits: mx.array | None = None  # [rows, V]: each running row's next-token logits
+        self._next_uid = 0
+
+    def insert(self, prompt: str | Sequence[int], max_tokens: int = 256,
+               params: SamplingParams | None = None) -> int:
+        """Queue one request and return its uid. Bad input raises `ValueError` here, before
+        anything changes, so the requests already queued or running are not affected."""
+        prompt = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt:
+            raise ValueError("prompt is empty: a request needs at least one token")
+        max_tokens = check_int("max_tokens", max_tokens, minimum=1)
+        context = getattr(getattr(self.model, "args", None), "max_position_embeddings", None)
+        if context and len(prompt) + max_tokens > context:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens plus max_tokens={max_tokens} exceeds the "
+                f"model's context of {context} positions"
+            )
+        vocab = getattr(getattr(self.model, "args", None), "vocab_size", None)
+        if vocab and not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        params = SamplingParams(temperature=0.0) if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams or None, got {type(params).__name__}")
+        sampler = Sampler([params], self.tokenizer)  # may still refuse the params
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        self._waiting.append(_Request(
+            uid, prompt, max_tokens, sampler, StreamingDetokenizer(self.tokenizer), history=list(prompt),
+        ))
+        return uid
+
+    def has_work(self) -> bool:
+        return bool(self._rows or self._waiting)
+
+    @property
+    def running(self) -> list[int]:
+        """The uids in the running batch."""
+        return [r.uid for r in self._rows]
+
+    @property
+    def waiting(self) -> list[int]:
+        """The uids queued for a free row."""
+        return [r.uid for r in self._waiting]
+
+    def step(self) -> list[BatchResponse]:
+        """Admit waiting requests into free rows (prefilling them), draw one token for every
+        running row, and start the model on the next step. Returns one response per row."""
+        if self._waiting and len(self._rows) < self.max_batch_size:
+            self._admit()
+        if not self._rows:
+            return []
+        start = time.perf_counter()
+        responses = self._decode()
+        self.stats.generation_time += time.perf_counter() - start
+        self.stats.generation_tokens += len(responses)
+        self.stats.peak_memory = max(self.stats.peak_memory, mx.get_peak_memory() / 1e9)
+        return responses
+
+    def _admit(self) -> None:
+        """Prefill as many waiting requests as there are free rows, as one left-padded
+        batch, and add them to the running batch."""
+        # BEGIN SOLUTION week2-day4
+        start = time.perf_counter()
+        free = self.max_batch_size - len(self._rows)
+        new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        tokens, padding = left_pad([r.prompt for r in new])
+        cache = [BatchKVCache(padding) for _ in self.model.layers]
+        logits = prefill(self.model, tokens, cache, self.prefill_step_size)
+        mx.eval(logits)
+        sampler = Sampler.concat([r.sampler for r in new])
+        if self._rows:
+            self._join(new, cache, sampler, logits)
+        else:
+            self._rows, self._cache, self._sampler, self._logits = new, cache, sampler, logits
+        self.stats.prompt_tokens += sum(len(r.prompt) for r in new)
+        self.stats.prompt_time += time.perf_counter() - start
+        # END SOLUTION
+
+    def _join(self, new: list[_Request], cache: list[BatchKVCache], sampler: Sampler,
+              logits: mx.array) -> None:
+        """Append freshly prefilled rows to the running batch."""
+        # BEGIN SOLUTION week2-day5
+        for running, joining in zip(self._cache, cache):
+            running.extend(joining)
+        self._sampler = Sampler.concat([self._sampler, sampler])
+        self._logits = mx.concatenate([self._logits, logits.astype(self._logits.dtype)])
+        self._rows = self._rows + new
+        # END SOLUTION
+
+    def _decode(self) -> list[BatchResponse]:
+        """Sample every running row, report, drop the rows that finished, and start the
+        model on the remaining rows' new tokens."""
+        # BEGIN SOLUTION week2-day4
+        tokens = self._sampler.sample(self._logits, [r.history for r in self._rows])
+        responses, keep = [], []
+        for b, (r, token) in enumerate(zip(self._rows, tokens.tolist())):
+            r.generated += 1
+            finish = "stop" if token in self._eos else ("length" if r.generated == r.max_tokens else None)
+            r.history.append(token)
+            text = r.detokenizer.step(token, finish)
+            responses.append(BatchResponse(r.uid, token, text, r.generated, finish))
+            if finish is None:
+                keep.append(b)
+        if len(keep) < len(self._rows):
+            if not keep:
+                self._rows, self._cache, self._sampler, self._logits = [], None, None, None
+                return responses
+            for c in self._cache:
+                c.filter(keep)
+            self._sampler = self._sampler.select(keep)
+            self._rows = [self._rows[b] for b in keep]
+            tokens = tokens[mx.array(keep)]
+        self._logits = self.model(tokens[:, None], cache=self._cache)[:, -1, :]
+        mx.async_eval(self._logits)  # the model runs while the caller handles the responses
+        return responses
+        # END SOLUTION
+
+
+def batch_generate(
+    model,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str | Sequence[int]],
+    max_tokens: int | Sequence[int] = 256,
+    *,
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    prefill_step_size: int = 2048,
+    max_batch_size: int | None = None,
+) -> BatchResult:
+    """Generate for every prompt, all in one batch (or `max_batch_size` rows at a time),
+    each with its own `max_tokens` and `params` (one for all, or one per prompt; None:
+    greedy). Rows finish independently."""
+    if not isinstance(prompts, Sequence) or isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of strings or token-id lists")
+    n = len(prompts)
+    limits = [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
+    plist = [params] * n if params is None or isinstance(params, SamplingParams) else list(params)
+    for name, values in (("max_tokens", limits), ("params", plist)):
+        if len(values) != n:
+            raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
+    gen = BatchGenerator(model, tokenizer, max_batch_size=max_batch_size or n,
+                         prefill_step_size=prefill_step_size)
+    for i, (prompt, limit, p) in enumerate(zip(prompts, limits, plist)):
+        try:
+            gen.insert(prompt, limit, p)
+        except ValueError as e:
+            raise ValueError(f"prompt {i}: {e}") from None
+    mx.reset_peak_memory()
+    texts, tokens, reasons = [""] * n, [[] for _ in range(n)], [""] * n
+    while gen.has_work():
+        for r in gen.step():
+            texts[r.uid] += r.text
+            if r.finish_reason != "stop":
+                tokens[r.uid].append(r.token)
+            if r.finish_reason:
+                reasons[r.uid] = r.finish_reason
+    return BatchResult(texts, tokens, reasons, gen.stats)

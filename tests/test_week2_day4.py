@@ -1,0 +1,183 @@
+"""Week 2, day 4: batched generation — left padding, per-row positions and masks, one
+Sampler call for rows with their own SamplingParams, rows that finish independently."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import TINY_CONFIGS, tiny_model, vocab_tokenizer
+
+import tiny_llm
+from tiny_llm.batch import BatchGenerator, batch_generate, left_pad
+from tiny_llm.generate import prefill
+from tiny_llm.kv_cache import BatchKVCache
+from tiny_llm.sampler import SamplingParams
+
+NINF = -np.inf
+
+
+def close(a: mx.array, b: mx.array, atol: float):
+    np.testing.assert_allclose(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)),
+                               atol=atol, rtol=atol)
+
+
+def alone(model, tokenizer, prompt, max_tokens, params=None) -> list[int]:
+    """The tokens one prompt generates by itself (without a final end-of-sequence token)."""
+    params = params or SamplingParams(temperature=0.0)
+    out = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens, params=params)]
+    return out[:-1] if out and out[-1] in tokenizer.eos_token_ids else out
+
+
+def filled(padding: list[int], length: int, base: float) -> BatchKVCache:
+    """A cache whose key at (row b, slot s) is base + 10 b + s (values: the negative)."""
+    B = len(padding)
+    cache = BatchKVCache(padding)
+    k = base + 10 * mx.arange(B)[:, None, None, None] + mx.arange(length)[None, None, :, None]
+    k = mx.broadcast_to(k.astype(mx.float32), (B, 2, length, 3))
+    cache.update_and_fetch(k, -k)
+    return cache
+
+
+def slots(cache: BatchKVCache, row: int) -> list[float]:
+    return np.array(cache.keys[row, 0, : cache.offset, 0]).tolist()
+
+
+PROMPTS = [[5, 17, 3, 9, 30, 12, 7], [44], [8, 8, 21, 40], [19, 2, 33, 11, 6, 25, 14, 3, 10]]
+
+
+# ---- padding, positions and masks ---------------------------------------------------------------
+
+
+def test_left_pad_by_hand():
+    tokens, padding = left_pad([[1, 2, 3], [4], [5, 6]], pad=9)
+    assert tokens.tolist() == [[1, 2, 3], [9, 9, 4], [9, 5, 6]]
+    assert padding == [0, 2, 1]
+    assert left_pad([[7]])[0].tolist() == [[7]] and left_pad([[7]])[1] == [0]
+
+
+def test_rope_offset_is_each_rows_own_position():
+    """After 5 slots, rows padded by 0 and 2 have seen 5 and 3 tokens."""
+    cache = BatchKVCache([0, 2])
+    cache.update_and_fetch(mx.zeros((2, 1, 5, 4)), mx.zeros((2, 1, 5, 4)))
+    assert cache.rope_offset.tolist() == [5, 3]
+
+
+def test_batch_mask_by_hand():
+    """Rows padded by 0 and 1, three queries: row 0 is causal; in row 1 slot 0 is hidden
+    from every query but itself (so that no softmax row is empty)."""
+    mask = np.array(BatchKVCache([0, 1]).make_mask(3))
+    assert mask.shape == (2, 1, 3, 3)
+    np.testing.assert_array_equal(mask[0, 0], [[0, NINF, NINF], [0, 0, NINF], [0, 0, 0]])
+    np.testing.assert_array_equal(mask[1, 0], [[0, NINF, NINF], [NINF, 0, NINF], [NINF, 0, 0]])
+
+
+def test_batch_mask_for_one_query():
+    """One new query: None without padding; otherwise it hides each row's padding slots."""
+    cache = BatchKVCache([0, 0])
+    cache.update_and_fetch(mx.zeros((2, 1, 2, 4)), mx.zeros((2, 1, 2, 4)))
+    assert cache.make_mask(1) is None
+    cache = BatchKVCache([2, 0])
+    cache.update_and_fetch(mx.zeros((2, 1, 3, 4)), mx.zeros((2, 1, 3, 4)))
+    np.testing.assert_array_equal(np.array(cache.make_mask(1))[:, 0, 0], [[NINF, NINF, 0, 0], [0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_padded_batch_logits_equal_each_row_alone(name):
+    """Prefill a left-padded batch, then decode two tokens: every row's logits equal the
+    same row run alone without padding."""
+    model, _ = tiny_model(name, seed=31)
+    tokens, padding = left_pad(PROMPTS)
+    cache = [BatchKVCache(padding) for _ in model.layers]
+    batch = [prefill(model, tokens, cache, step_size=4)]
+    nxt = mx.array([[1], [2], [3], [4]])
+    batch += [model(nxt, cache=cache)[:, -1, :], model(nxt + 10, cache=cache)[:, -1, :]]
+    for b, prompt in enumerate(PROMPTS):
+        own = model.make_cache()
+        rows = [prefill(model, mx.array([prompt]), own)]
+        rows += [model(nxt[b : b + 1], cache=own)[:, -1, :], model(nxt[b : b + 1] + 10, cache=own)[:, -1, :]]
+        for got, want in zip(batch, rows):
+            close(got[b : b + 1], want, atol=1e-4)
+
+
+def test_filter_keeps_rows_in_order_and_drops_shared_padding():
+    """Keep rows 2 and 1 (padded 3 and 2): the 2 slots both pad are dropped."""
+    cache = filled([0, 2, 3], 6, base=0)
+    cache.filter([2, 1])
+    assert cache.left_padding == [1, 0] and cache.offset == 4
+    assert slots(cache, 0) == [22, 23, 24, 25] and slots(cache, 1) == [12, 13, 14, 15]
+    np.testing.assert_array_equal(np.array(cache.values[0, 1, :4, 2]), [-22, -23, -24, -25])
+    assert cache.rope_offset.tolist() == [3, 4]  # each row's own position is unchanged
+
+
+def test_filter_needs_a_row():
+    with pytest.raises(ValueError, match="at least one row"):
+        filled([0], 2, 0).filter([])
+
+
+# ---- batch_generate -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["qwen2-untied", "llama-tied"])
+def test_greedy_rows_equal_each_prompt_alone(name):
+    model, _ = tiny_model(name, seed=5)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    result = batch_generate(model, tok, PROMPTS, max_tokens=10)
+    assert result.tokens == [alone(model, tok, p, 10) for p in PROMPTS]
+    assert result.texts == [tok.decode(t) for t in result.tokens]
+
+
+def test_seeded_rows_with_their_own_params_equal_each_prompt_alone():
+    """Each row has its own temperature, filters and seed: it draws exactly the tokens the
+    same prompt and params draw alone."""
+    model, _ = tiny_model("qwen2-tied", seed=6)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    params = [
+        SamplingParams(temperature=1.0, seed=1),
+        SamplingParams(temperature=0.7, top_k=20, seed=2),
+        SamplingParams(temperature=1.3, top_p=0.9, min_p=0.02, seed=3),
+        SamplingParams(temperature=0.9, repetition_penalty=1.3, seed=4),
+    ]
+    result = batch_generate(model, tok, PROMPTS, max_tokens=12, params=params)
+    assert result.tokens == [alone(model, tok, p, 12, q) for p, q in zip(PROMPTS, params)]
+    assert len({tuple(t) for t in result.tokens}) == 4
+
+
+def test_rows_finish_independently():
+    """Row 1 has 3 tokens to make, row 2 is forced to end at once (its end-of-sequence
+    token gets a huge bias): both stop while the others go on, with their reasons."""
+    model, _ = tiny_model("llama-untied", seed=7)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    params = [None, None, SamplingParams(temperature=0.0, logit_bias={0: 1e4}), None]
+    params = [p or SamplingParams(temperature=0.0, logit_bias={0: -1e4}) for p in params]
+    result = batch_generate(model, tok, PROMPTS, max_tokens=[8, 3, 8, 5], params=params)
+    assert [len(t) for t in result.tokens] == [8, 3, 0, 5]
+    assert result.finish_reasons == ["length", "length", "stop", "length"]
+    assert result.tokens[0] == alone(model, tok, PROMPTS[0], 8, params[0])
+    assert result.stats.generation_tokens == 8 + 3 + 1 + 5  # the end-of-sequence draw counts
+    assert result.stats.prompt_tokens == sum(map(len, PROMPTS))
+
+
+def test_string_prompts_are_encoded():
+    model, _ = tiny_model("llama-tied", seed=9)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    result = batch_generate(model, tok, ["w5 w6 w7", "w9"], max_tokens=4)
+    assert result.tokens == [alone(model, tok, [5, 6, 7], 4), alone(model, tok, [9], 4)]
+
+
+def test_default_model_batch_equals_each_prompt_alone(course_default_model):
+    """Three chat-free prompts of different lengths on the default model, greedy."""
+    model, tok = course_default_model
+    prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,"]
+    result = batch_generate(model, tok, prompts, max_tokens=8)
+    assert result.tokens == [alone(model, tok, p, 8) for p in prompts]
+
+
+def test_responses_report_progress_and_text():
+    model, _ = tiny_model("llama-untied", seed=42)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    gen = BatchGenerator(model, tok, max_batch_size=2)
+    uid = gen.insert([3, 4], 3, SamplingParams(temperature=0.0, logit_bias={0: -1e4}))
+    responses = [r for _ in range(3) for r in gen.step()]
+    assert [r.generation_tokens for r in responses] == [1, 2, 3]
+    assert [r.finish_reason for r in responses] == [None, None, "length"]
+    assert "".join(r.text for r in responses) == tok.decode([r.token for r in responses])
+    assert not gen.has_work() and gen.step() == [] and uid == 0
