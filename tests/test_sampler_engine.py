@@ -918,3 +918,24 @@ def test_select_and_concat_refuse_bad_input():
         Sampler([SamplingParams()]).select([])
     with pytest.raises(ValueError, match="at least one"):
         Sampler.concat([])
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(min_p=0.02), dict(top_p=0.9, temperature=1.3)])
+def test_chi_square_two_level_draw_over_4096_tokens(kw):
+    """A vocabulary of 4096 (64-token chunks: the two-level draw) with a model-like head and
+    a long tail: 5,000 seeded draws per case follow `.distribution()` (chi-square, pooled)."""
+    row = llm_like_logits(7, 1, 4096)[0]
+    x = mx.array(np.tile(row, (ROWS, 1)))
+    observed, expected = np.zeros(4096), np.zeros(4096)
+    for r in range(ROUNDS):
+        sampler = Sampler([SamplingParams(**kw, seed=10_000 + r * ROWS + i) for i in range(ROWS)])
+        d = np.array(sampler.distribution(x), np.float64)
+        tokens = np.array(sampler.sample(x))
+        assert np.all(d[np.arange(ROWS), tokens] > 0)
+        expected += d.sum(axis=0)
+        observed += np.bincount(tokens, minlength=4096)
+    support = expected > 0
+    obs, exp = pooled(observed[support], expected[support])
+    exp *= obs.sum() / exp.sum()
+    stat, pvalue = chisquare(obs, exp)
+    assert pvalue > ALPHA, f"{kw}: chi2={stat:.1f}, p={pvalue:.2e}"

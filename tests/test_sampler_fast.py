@@ -130,3 +130,32 @@ def test_chunked_argmax_equals_mx_argmax(V):
     got = np.array(stages.argmax(mx.array(x)))
     assert got.tolist() == np.array(mx.argmax(mx.array(x), axis=-1)).tolist()
     assert got[1] == 0 and got[4] == V - 1 and got[5] == 63 and got[3] == V // 2
+
+
+@pytest.mark.parametrize("V", [64 * 40, 64 * 40 + 7])
+def test_two_level_draw_is_the_inverse_cdf(V):
+    """The chunked draw (and, for V not a multiple of 64, the flat one) picks, for every u
+    on a grid, the token whose float64 cumulative interval holds u: excluded tokens (-inf)
+    are never drawn, also at chunk edges (u within 1e-5 of an interval end is skipped)."""
+    from tiny_llm.sampler.engine import _draw
+
+    rng = np.random.default_rng(V)
+    x = np.full((3, V), -np.inf, dtype=np.float32)
+    x[0] = rng.normal(size=V)  # every token possible
+    keep = [0, 63, 64, 127, 1000, 1001, V - 1]  # few tokens, on and across chunk edges
+    x[1, keep] = rng.normal(size=len(keep))
+    x[2, 65] = 0.0  # one token
+    us = (np.arange(997) + 0.5) / 997
+    rows = np.repeat(x, len(us), axis=0)
+    u = np.tile(us, 3).astype(np.float32)
+    tokens, top = _draw(mx.array(rows), mx.array(u))
+    tokens = np.array(tokens).reshape(3, len(us))
+    np.testing.assert_array_equal(np.array(top).reshape(3, -1)[:, 0], x.max(axis=1))
+    for r in range(3):
+        p = np.exp(x[r].astype(np.float64) - x[r].max())
+        cdf = np.cumsum(p) / p.sum()
+        want = np.searchsorted(cdf, us)  # first index with cdf >= u
+        clear = np.min(np.abs(cdf[:, None] - us[None, :]), axis=0) > 1e-5
+        assert clear.sum() > 900
+        np.testing.assert_array_equal(tokens[r][clear], want[clear])
+        assert np.all(np.isfinite(x[r][tokens[r]]))
