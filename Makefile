@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: setup demo test check-course book bench clean
+.PHONY: setup demo test check-course book bench bench-generate bench-speculative clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ check-course: setup
 # Sampling speed against mlx-lm (QUICK=1 for a short smoke run).
 bench: setup
 	$(PY) scripts/bench_sampler.py $(if $(QUICK),--quick,)
+
+# Generation speed and memory against mlx-lm, and speculative decoding (QUICK=1: smoke runs).
+bench-generate: setup
+	$(PY) scripts/bench_generate.py $(if $(QUICK),--quick,)
+
+bench-speculative: setup
+	$(PY) scripts/bench_speculative.py $(if $(QUICK),--quick,)
 
 book: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml

@@ -20,6 +20,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week2-day3": ("week1-day5",),  # fused kernels, compared inside the whole model too
     "week2-day4": ("week2-day2", "week1-day7"),  # batches: cached prefill, per-row sampling
     "week2-day5": ("week2-day4",),  # continuous batching
+    "week3-day1": ("week2-day2",),  # speculative decoding: the cache and its trim
 }
 DAYS = tuple(DEPENDS)
 

@@ -154,6 +154,10 @@ def stream_generate(
     prompt_cache: list | None = None,
     prefill_step_size: int = 2048,
     kv_cache: bool = True,
+    draft_model: Model | None = None,
+    prompt_lookup: bool = False,
+    num_draft_tokens: int = 3,
+    speculative_stats=None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -163,6 +167,13 @@ def stream_generate(
     `SamplingParams`, or a `Sampler` to keep its state and statistics), which sees the whole
     history (prompt and generated tokens) for its penalties. `prompt_cache`,
     `prefill_step_size` and `kv_cache` are passed to `generate_step`.
+
+    Speculative decoding (`tiny_llm.speculative`): pass a `draft_model`, or
+    `prompt_lookup=True` to draft from n-grams of the text so far, with `params` (a
+    `SamplingParams`; default greedy) and `num_draft_tokens` per round. The tokens have
+    exactly the distribution they would have without speculation; `from_draft` tells which
+    came from the drafter. `speculative_stats` (a `SpeculativeStats`) collects the
+    acceptance counts.
     """
     max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
     if max_tokens == 0:
@@ -173,23 +184,37 @@ def stream_generate(
     if prompt.ndim != 1 or prompt.size == 0:
         raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
 
-    if params is not None:
-        if sampler is not None:
-            raise ValueError("pass either sampler or params, not both")
-        sampler, recorder = _engine_sampler(params, tokenizer, prompt.tolist())
-        logits_processors = [*(logits_processors or []), recorder]
+    if draft_model is not None or prompt_lookup:
+        from .speculative import speculative_generate_step
+
+        if draft_model is not None and prompt_lookup:
+            raise ValueError("pass either draft_model or prompt_lookup=True, not both")
+        if sampler is not None or logits_processors or not isinstance(params, SamplingParams | None):
+            raise ValueError("speculative decoding takes params=SamplingParams(...), not sampler, "
+                             "logits_processors or a Sampler")
+        steps = speculative_generate_step(
+            prompt, model, draft_model, num_draft_tokens=num_draft_tokens, params=params,
+            max_tokens=max_tokens if max_tokens > 0 else 2**62, prefill_step_size=prefill_step_size,
+            stats=speculative_stats, tokenizer=tokenizer,
+        )
+    else:
+        if params is not None:
+            if sampler is not None:
+                raise ValueError("pass either sampler or params, not both")
+            sampler, recorder = _engine_sampler(params, tokenizer, prompt.tolist())
+            logits_processors = [*(logits_processors or []), recorder]
+        steps = ((token, logprobs, False) for token, logprobs in generate_step(
+            prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+            prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
+        ))
 
     detokenizer = StreamingDetokenizer(tokenizer)
     eos = tokenizer.eos_token_ids
     mx.reset_peak_memory()
     start = time.perf_counter()
-    steps = generate_step(
-        prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
-        prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
-    )
     ttft = prompt_tps = 0.0
     decode_start = start
-    for n, (token, logprobs) in enumerate(steps):
+    for n, (token, logprobs, from_draft) in enumerate(steps):
         if n == 0:
             ttft = time.perf_counter() - start
             prompt_tps = prompt.size / ttft
@@ -201,7 +226,7 @@ def stream_generate(
             text=text,
             token=token,
             logprobs=logprobs,
-            from_draft=False,
+            from_draft=from_draft,
             prompt_tokens=prompt.size,
             prompt_tps=prompt_tps,
             time_to_first_token=ttft,
