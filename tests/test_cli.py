@@ -283,3 +283,72 @@ def test_generate_without_kv_cache_gives_the_same_text(greedy_run):
     slow = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "4", "--no-kv-cache", "--no-fused"])
     assert fast[0] == slow[0] == 0
     assert fast[1] == slow[1] and fast[1].strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# beam search
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--num-beams", "0"], ["--num-beams", "0"]),
+    (["--num-beams", "-2"], ["--num-beams", "-2"]),
+    (["--num-return-sequences", "3", "--num-beams", "2"], ["--num-return-sequences", "3"]),
+    (["--num-return-sequences", "0"], ["--num-return-sequences", "0"]),
+    (["--num-beams", "2", "--max-tokens", "-1"], ["--max-tokens", "-1"]),
+], ids=["beams-0", "beams-negative", "return-3-of-2", "return-0", "beams-unlimited"])
+def test_beam_search_user_errors(extra, fragments, capsys):
+    """Bad beam-search flags give one line naming the flag and value, exit 2, before a model
+    is loaded."""
+    status = run_main(["generate", "--prompt", PROMPT, *extra, *NO_MODEL])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_generate_with_beams_prints_the_best_text():
+    """`--num-beams 2` prints the best sequence and a newline, like greedy, and exits 0."""
+    status, out, err = run_captured(["generate", "--prompt", PROMPT, "--num-beams", "2", "--max-tokens", "6"])
+    assert status == 0, err
+    assert "Traceback" not in err
+    assert out.endswith("\n") and "Paris" in out
+
+
+def test_generate_with_beams_prints_every_returned_sequence():
+    """`--num-return-sequences 2` prints two different sequences, each under a header with
+    its score, best first."""
+    status, out, err = run_captured(["generate", "--prompt", PROMPT, "--num-beams", "2",
+                                     "--num-return-sequences", "2", "--max-tokens", "6"])
+    assert status == 0, err
+    parts = re.split(r"^--- sequence (\d) \(score (-[\d.]+), (stop|length), (\d+) tokens\) ---\n", out, flags=re.M)
+    assert parts[0] == "" and len(parts) == 11, out
+    numbers, scores, texts = parts[1::5], [float(s) for s in parts[2::5]], parts[5::5]
+    assert numbers == ["0", "1"]
+    assert scores[0] >= scores[1]
+    assert texts[0] != texts[1] and all(t.strip() for t in texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# speculative decoding
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--draft-model", "default", "--prompt-lookup"], ["--draft-model", "--prompt-lookup"]),
+    (["--prompt-lookup", "--num-draft-tokens", "0"], ["--num-draft-tokens", "0"]),
+    (["--prompt-lookup", "--num-beams", "2"], ["--num-beams"]),
+    (["--prompt-lookup", "--no-kv-cache"], ["--no-kv-cache"]),
+    (["--prompt-lookup", "--mirostat", "2"], ["--mirostat"]),
+    (["--prompt-lookup", "--xtc-probability", "0.5"], ["--xtc-probability"]),
+], ids=["both-drafters", "zero-drafts", "with-beams", "without-cache", "mirostat", "xtc"])
+def test_speculative_user_errors(extra, fragments, capsys):
+    status = run_main(["generate", "--prompt", PROMPT, *extra, *NO_MODEL])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_prompt_lookup_prints_the_greedy_text_and_its_counts(greedy_run):
+    """--prompt-lookup changes how fast, never what: the same 12 greedy tokens, and
+    --verbose reports the rounds."""
+    status, out, err = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "12",
+                                     "--prompt-lookup", "--verbose"])
+    assert status == 0, err
+    assert out == greedy_run[1]
+    assert re.search(r"speculative: \d+ target passes, \d+ tokens drafted, \d+ accepted", err)

@@ -134,13 +134,13 @@ def _flag_names(message: str) -> str:
     return re.sub(pattern, lambda m: _FIELD_FLAG[m.group(1)], message)
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, name: str | None = None):
     from .loader import load
 
     if getattr(args, "prefill_step_size", 1) < 1:
         raise UserError(f"--prefill-step-size must be a positive integer, got {args.prefill_step_size}")
     try:
-        return load(args.model, fused=not args.no_fused)
+        return load(name or args.model, fused=not args.no_fused)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
 
@@ -168,15 +168,17 @@ def _print_stats(response, sampler=None) -> None:
     )
 
 
-def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None = None):
+def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None = None, speculative=None):
     """Print the reply as it is produced; return (reply text, last response). The text so
-    far is also appended to `pieces`, so that it survives a Ctrl-C."""
+    far is also appended to `pieces`, so that it survives a Ctrl-C. `speculative`: the
+    keyword arguments of speculative decoding, with `sampler` then a SamplingParams."""
     from .generate import stream_generate
 
     pieces = [] if pieces is None else pieces
     last, shown = None, []
     for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler,
-                                    prefill_step_size=args.prefill_step_size, kv_cache=not args.no_kv_cache):
+                                    prefill_step_size=args.prefill_step_size, kv_cache=not args.no_kv_cache,
+                                    **(speculative or {})):
         print(response.text, end="", flush=True)
         pieces.append(response.text)
         last = response
@@ -193,18 +195,82 @@ def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None
     return "".join(pieces), last
 
 
+def _check_beams(args: argparse.Namespace) -> None:
+    if args.num_beams < 1:
+        raise UserError(f"--num-beams must be a positive integer, got {args.num_beams}")
+    if not 1 <= args.num_return_sequences <= args.num_beams:
+        raise UserError(f"--num-return-sequences must be between 1 and --num-beams ({args.num_beams}), "
+                        f"got {args.num_return_sequences}")
+    if args.num_beams > 1 and args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be a positive integer for beam search, got {args.max_tokens}")
+
+
+def _print_beams(model, tokenizer, text: str, args: argparse.Namespace) -> None:
+    """Beam search: print the best sequence, or each of the --num-return-sequences best
+    under a header with its score."""
+    from .beam_search import beam_search
+
+    hyps = beam_search(model, tokenizer, text, args.num_beams, args.max_tokens,
+                       num_return_sequences=args.num_return_sequences,
+                       prefill_step_size=args.prefill_step_size)
+    if args.num_return_sequences == 1:
+        print(hyps[0].text, flush=True)
+        return
+    for i, h in enumerate(hyps):
+        reason = "stop" if h.finished else "length"
+        print(f"--- sequence {i} (score {h.score:.4f}, {reason}, {len(h.tokens)} tokens) ---", flush=True)
+        print(h.text, flush=True)
+
+
 def _generate(args: argparse.Namespace) -> None:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if not prompt.strip():
         raise UserError("the prompt is empty: pass --prompt TEXT or text on standard input")
-    _sampling(args)  # check the flags before loading anything
+    params = _sampling(args)  # check the flags before loading anything
+    _check_beams(args)
+    speculative = _check_speculative(args, params)
     model, tokenizer = _load(args)
-    sampler = _make_sampler(args, tokenizer)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
+    if args.num_beams > 1:
+        _print_beams(model, tokenizer, text, args)
+        return
+    if speculative is not None:
+        if args.draft_model:
+            speculative["draft_model"] = _load(args, args.draft_model)[0]
+        _, last = _stream(model, tokenizer, text, args, _sampling(args, tokenizer), speculative=speculative)
+        print(flush=True)
+        if args.verbose:
+            _print_stats(last)
+            st = speculative["speculative_stats"]
+            print(f"speculative: {st.rounds} target passes, {st.drafted} tokens drafted, {st.accepted} "
+                  f"accepted ({st.acceptance_rate:.0%}), {st.emitted / max(st.rounds, 1):.2f} tokens per pass",
+                  file=sys.stderr)
+        return
+    sampler = _make_sampler(args, tokenizer)
     _, last = _stream(model, tokenizer, text, args, sampler)
     print(flush=True)
     if args.verbose:
         _print_stats(last, sampler)
+
+
+def _check_speculative(args: argparse.Namespace, params) -> dict | None:
+    """The keyword arguments of speculative decoding, or None without --draft-model and
+    --prompt-lookup; conflicting flags are a UserError."""
+    from .speculative import SpeculativeStats
+
+    if not args.draft_model and not args.prompt_lookup:
+        return None
+    if args.draft_model and args.prompt_lookup:
+        raise UserError("pass either --draft-model or --prompt-lookup, not both")
+    if args.num_draft_tokens < 1:
+        raise UserError(f"--num-draft-tokens must be a positive integer, got {args.num_draft_tokens}")
+    for flag, clash in (("--num-beams", args.num_beams > 1), ("--no-kv-cache", args.no_kv_cache),
+                        ("--mirostat", params.mirostat), ("--xtc-probability", params.xtc_probability > 0),
+                        ("--logprobs", params.logprobs)):
+        if clash:
+            raise UserError(f"speculative decoding does not combine with {flag}")
+    return dict(prompt_lookup=args.prompt_lookup, num_draft_tokens=args.num_draft_tokens,
+                speculative_stats=SpeculativeStats())
 
 
 def _chat(args: argparse.Namespace) -> None:
@@ -361,6 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", "-p", default=None, help="the prompt (default: read standard input)")
     _add_model_options(gen)
     _add_sampling_options(gen)
+    gen.add_argument("--num-beams", type=int, default=1,
+                     help="beam search with this many beams, on the model's log-probabilities "
+                          "(the sampling flags do not apply; default 1: off)")
+    gen.add_argument("--num-return-sequences", type=int, default=1,
+                     help="with --num-beams: print this many best sequences, each with its score (default 1)")
+    gen.add_argument("--draft-model", default=None, metavar="MODEL",
+                     help="speculative decoding with this draft model (same tokenizer as --model)")
+    gen.add_argument("--prompt-lookup", action="store_true",
+                     help="speculative decoding with drafts copied from earlier text (no second model)")
+    gen.add_argument("--num-draft-tokens", type=int, default=4,
+                     help="tokens drafted per round of speculative decoding (default 4)")
     gen.set_defaults(run=_generate)
 
     chat = commands.add_parser("chat", help="an interactive conversation")
