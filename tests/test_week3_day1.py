@@ -228,6 +228,7 @@ def test_stream_generate_with_prompt_lookup_marks_drafted_tokens(course_default_
     (dict(max_tokens=0), "max_tokens"),
     (dict(params=SamplingParams(mirostat=2)), "mirostat"),
     (dict(params=SamplingParams(xtc_probability=0.5)), "xtc_probability"),
+    (dict(params=SamplingParams(min_tokens=2, eos_token_ids=(0,))), "min_tokens"),
 ])
 def test_bad_arguments_are_refused(kwargs, match):
     target, draft = models()
@@ -249,3 +250,5 @@ def test_stream_generate_refuses_mixed_options():
         list(tiny_llm.stream_generate(target, tok, [1], 3, draft_model=draft, prompt_lookup=True))
     with pytest.raises(ValueError, match="params=SamplingParams"):
         list(tiny_llm.stream_generate(target, tok, [1], 3, draft_model=draft, sampler=lambda x: x))
+    with pytest.raises(ValueError, match="makes its own caches"):
+        list(tiny_llm.stream_generate(target, tok, [1], 3, prompt_lookup=True, kv_cache=False))

@@ -266,7 +266,7 @@ def _check_speculative(args: argparse.Namespace, params) -> dict | None:
         raise UserError(f"--num-draft-tokens must be a positive integer, got {args.num_draft_tokens}")
     for flag, clash in (("--num-beams", args.num_beams > 1), ("--no-kv-cache", args.no_kv_cache),
                         ("--mirostat", params.mirostat), ("--xtc-probability", params.xtc_probability > 0),
-                        ("--logprobs", params.logprobs)):
+                        ("--logprobs", params.logprobs), ("--min-tokens", params.min_tokens)):
         if clash:
             raise UserError(f"speculative decoding does not combine with {flag}")
     return dict(prompt_lookup=args.prompt_lookup, num_draft_tokens=args.num_draft_tokens,

@@ -192,6 +192,9 @@ def stream_generate(
         if sampler is not None or logits_processors or not isinstance(params, SamplingParams | None):
             raise ValueError("speculative decoding takes params=SamplingParams(...), not sampler, "
                              "logits_processors or a Sampler")
+        if prompt_cache is not None or not kv_cache:
+            raise ValueError("speculative decoding makes its own caches: prompt_cache and "
+                             "kv_cache=False do not apply")
         steps = speculative_generate_step(
             prompt, model, draft_model, num_draft_tokens=num_draft_tokens, params=params,
             max_tokens=max_tokens if max_tokens > 0 else 2**62, prefill_step_size=prefill_step_size,

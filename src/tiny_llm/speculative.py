@@ -123,11 +123,11 @@ def speculative_generate_step(
     params = SamplingParams(temperature=0.0) if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if params.mirostat or params.xtc_probability > 0:
+    if params.mirostat or params.xtc_probability > 0 or params.min_tokens > 0:
         raise ValueError(
             "speculative decoding needs a distribution that depends only on the logits and the "
-            f"history: mirostat={params.mirostat} and xtc_probability={params.xtc_probability} "
-            "are not supported"
+            f"history: mirostat={params.mirostat}, xtc_probability={params.xtc_probability} and "
+            f"min_tokens={params.min_tokens} must be off"
         )
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
     draft_vocab = getattr(getattr(draft_model, "args", None), "vocab_size", None)
@@ -192,8 +192,8 @@ def _speculate(prompt, model, draft_model, gamma, params, max_tokens, ngrams, st
         stats.accepted += n
         for c in cache:
             c.trim(len(drafts) - n)  # the target keeps its input token and the accepted drafts
-        if draft_model is not None:
-            pending = _rewind_draft(draft_cache, drafts, n) + [out[-1]]
+        if draft_model is not None:  # the draft model still has to see these tokens
+            pending = (_rewind_draft(draft_cache, drafts, n) if drafts else pending) + [out[-1]]
         for i, token in enumerate(out):
             history.append(token)
             emitted += 1
@@ -204,7 +204,8 @@ def _speculate(prompt, model, draft_model, gamma, params, max_tokens, ngrams, st
 def _draft(draft_model, cache, pending, history, count, distributions, uniforms, step_size):
     """Feed the draft model the tokens it lacks (`pending`), then draw `count` tokens from
     its chain distribution, one forward pass each. Returns the tokens and their
-    distributions `q [count, V]`; the cache then holds every draft but the last."""
+    distributions `q [count, V]`; the cache then holds every draft but the last. With
+    `count == 0` nothing runs (the pending tokens wait for the next round)."""
     drafts, qs = [], []
     feed = list(pending)
     for _ in range(count):
@@ -213,9 +214,6 @@ def _draft(draft_model, cache, pending, history, count, distributions, uniforms,
         drafts.append(int(draw(q, uniforms(1)).item()))
         qs.append(q[0])
         feed = drafts[-1:]
-    if not count:  # nothing to draft this round: only catch the cache up
-        draft_model(mx.array([feed]), cache=cache)
-        mx.eval([c.keys for c in cache])
     return drafts, (mx.stack(qs) if qs else None)
 
 
