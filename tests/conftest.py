@@ -154,5 +154,34 @@ class CachedCountingModel(CountingModel):
 
 
 
+def generate_alone(model, tokenizer, prompt, max_tokens, params=None) -> list[int]:
+    """The tokens one prompt generates by itself through `stream_generate` (greedy unless
+    `params`), without a final end-of-sequence token."""
+    import tiny_llm
+    from tiny_llm.sampler import SamplingParams
+
+    params = params or SamplingParams(temperature=0.0)
+    out = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens, params=params)]
+    return out[:-1] if out and out[-1] in tokenizer.eos_token_ids else out
+
+
+def filled_batch_cache(padding: list[int], length: int, base: float):
+    """A `BatchKVCache` whose key at (row b, slot s) is base + 10 b + s (values: the negative)."""
+    from tiny_llm.kv_cache import BatchKVCache
+
+    B = len(padding)
+    cache = BatchKVCache(padding)
+    k = base + 10 * mx.arange(B)[:, None, None, None] + mx.arange(length)[None, None, :, None]
+    k = mx.broadcast_to(k.astype(mx.float32), (B, 2, length, 3))
+    cache.update_and_fetch(k, -k)
+    return cache
+
+
+def cache_slots(cache, row: int) -> list[float]:
+    """The keys a cache row holds in its used slots (feature 0 of head 0)."""
+    return [float(v) for v in cache.keys[row, 0, : cache.offset, 0].tolist()]
+
+
 __all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map", "VOCAB", "V", "EOS",
-           "word_tokenizer", "vocab_tokenizer", "tiny_model", "CountingModel", "CachedCountingModel"]
+           "word_tokenizer", "vocab_tokenizer", "tiny_model", "CountingModel", "CachedCountingModel",
+           "generate_alone", "filled_batch_cache", "cache_slots"]

@@ -4,9 +4,8 @@ Sampler call for rows with their own SamplingParams, rows that finish independen
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import TINY_CONFIGS, tiny_model, vocab_tokenizer
+from conftest import TINY_CONFIGS, cache_slots, filled_batch_cache, generate_alone, tiny_model, vocab_tokenizer
 
-import tiny_llm
 from tiny_llm.batch import BatchGenerator, batch_generate, left_pad
 from tiny_llm.generate import prefill
 from tiny_llm.kv_cache import BatchKVCache
@@ -18,27 +17,6 @@ NINF = -np.inf
 def close(a: mx.array, b: mx.array, atol: float):
     np.testing.assert_allclose(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)),
                                atol=atol, rtol=atol)
-
-
-def alone(model, tokenizer, prompt, max_tokens, params=None) -> list[int]:
-    """The tokens one prompt generates by itself (without a final end-of-sequence token)."""
-    params = params or SamplingParams(temperature=0.0)
-    out = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens, params=params)]
-    return out[:-1] if out and out[-1] in tokenizer.eos_token_ids else out
-
-
-def filled(padding: list[int], length: int, base: float) -> BatchKVCache:
-    """A cache whose key at (row b, slot s) is base + 10 b + s (values: the negative)."""
-    B = len(padding)
-    cache = BatchKVCache(padding)
-    k = base + 10 * mx.arange(B)[:, None, None, None] + mx.arange(length)[None, None, :, None]
-    k = mx.broadcast_to(k.astype(mx.float32), (B, 2, length, 3))
-    cache.update_and_fetch(k, -k)
-    return cache
-
-
-def slots(cache: BatchKVCache, row: int) -> list[float]:
-    return np.array(cache.keys[row, 0, : cache.offset, 0]).tolist()
 
 
 PROMPTS = [[5, 17, 3, 9, 30, 12, 7], [44], [8, 8, 21, 40], [19, 2, 33, 11, 6, 25, 14, 3, 10]]
@@ -100,17 +78,17 @@ def test_padded_batch_logits_equal_each_row_alone(name):
 
 def test_filter_keeps_rows_in_order_and_drops_shared_padding():
     """Keep rows 2 and 1 (padded 3 and 2): the 2 slots both pad are dropped."""
-    cache = filled([0, 2, 3], 6, base=0)
+    cache = filled_batch_cache([0, 2, 3], 6, base=0)
     cache.filter([2, 1])
     assert cache.left_padding == [1, 0] and cache.offset == 4
-    assert slots(cache, 0) == [22, 23, 24, 25] and slots(cache, 1) == [12, 13, 14, 15]
+    assert cache_slots(cache, 0) == [22, 23, 24, 25] and cache_slots(cache, 1) == [12, 13, 14, 15]
     np.testing.assert_array_equal(np.array(cache.values[0, 1, :4, 2]), [-22, -23, -24, -25])
     assert cache.rope_offset.tolist() == [3, 4]  # each row's own position is unchanged
 
 
 def test_filter_needs_a_row():
     with pytest.raises(ValueError, match="at least one row"):
-        filled([0], 2, 0).filter([])
+        filled_batch_cache([0], 2, 0).filter([])
 
 
 # ---- batch_generate -------------------------------------------------------------------------
@@ -121,7 +99,7 @@ def test_greedy_rows_equal_each_prompt_alone(name):
     model, _ = tiny_model(name, seed=5)
     tok = vocab_tokenizer(model.args.vocab_size)
     result = batch_generate(model, tok, PROMPTS, max_tokens=10)
-    assert result.tokens == [alone(model, tok, p, 10) for p in PROMPTS]
+    assert result.tokens == [generate_alone(model, tok, p, 10) for p in PROMPTS]
     assert result.texts == [tok.decode(t) for t in result.tokens]
 
 
@@ -137,7 +115,7 @@ def test_seeded_rows_with_their_own_params_equal_each_prompt_alone():
         SamplingParams(temperature=0.9, repetition_penalty=1.3, seed=4),
     ]
     result = batch_generate(model, tok, PROMPTS, max_tokens=12, params=params)
-    assert result.tokens == [alone(model, tok, p, 12, q) for p, q in zip(PROMPTS, params)]
+    assert result.tokens == [generate_alone(model, tok, p, 12, q) for p, q in zip(PROMPTS, params)]
     assert len({tuple(t) for t in result.tokens}) == 4
 
 
@@ -151,7 +129,7 @@ def test_rows_finish_independently():
     result = batch_generate(model, tok, PROMPTS, max_tokens=[8, 3, 8, 5], params=params)
     assert [len(t) for t in result.tokens] == [8, 3, 0, 5]
     assert result.finish_reasons == ["length", "length", "stop", "length"]
-    assert result.tokens[0] == alone(model, tok, PROMPTS[0], 8, params[0])
+    assert result.tokens[0] == generate_alone(model, tok, PROMPTS[0], 8, params[0])
     assert result.stats.generation_tokens == 8 + 3 + 1 + 5  # the end-of-sequence draw counts
     assert result.stats.prompt_tokens == sum(map(len, PROMPTS))
 
@@ -160,7 +138,7 @@ def test_string_prompts_are_encoded():
     model, _ = tiny_model("llama-tied", seed=9)
     tok = vocab_tokenizer(model.args.vocab_size)
     result = batch_generate(model, tok, ["w5 w6 w7", "w9"], max_tokens=4)
-    assert result.tokens == [alone(model, tok, [5, 6, 7], 4), alone(model, tok, [9], 4)]
+    assert result.tokens == [generate_alone(model, tok, [5, 6, 7], 4), generate_alone(model, tok, [9], 4)]
 
 
 def test_default_model_batch_equals_each_prompt_alone(course_default_model):
@@ -168,7 +146,7 @@ def test_default_model_batch_equals_each_prompt_alone(course_default_model):
     model, tok = course_default_model
     prompts = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,"]
     result = batch_generate(model, tok, prompts, max_tokens=8)
-    assert result.tokens == [alone(model, tok, p, 8) for p in prompts]
+    assert result.tokens == [generate_alone(model, tok, p, 8) for p in prompts]
 
 
 def test_responses_report_progress_and_text():

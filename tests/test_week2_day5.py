@@ -1,35 +1,12 @@
 """Week 2, day 5: continuous batching — rows leave (filter) and join (extend) the running
 batch between decode steps, and every request still gets the tokens it would get alone."""
 
-import mlx.core as mx
-import numpy as np
 import pytest
-from conftest import tiny_model, vocab_tokenizer
+from conftest import cache_slots, filled_batch_cache, generate_alone, tiny_model, vocab_tokenizer
 
-import tiny_llm
 from tiny_llm.batch import BatchGenerator, batch_generate
 from tiny_llm.kv_cache import BatchKVCache
 from tiny_llm.sampler import SamplingParams
-
-
-def alone(model, tokenizer, prompt, max_tokens, params=None) -> list[int]:
-    params = params or SamplingParams(temperature=0.0)
-    out = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens, params=params)]
-    return out[:-1] if out and out[-1] in tokenizer.eos_token_ids else out
-
-
-def filled(padding: list[int], length: int, base: float) -> BatchKVCache:
-    """A cache whose key at (row b, slot s) is base + 10 b + s (values: the negative)."""
-    B = len(padding)
-    cache = BatchKVCache(padding)
-    k = base + 10 * mx.arange(B)[:, None, None, None] + mx.arange(length)[None, None, :, None]
-    k = mx.broadcast_to(k.astype(mx.float32), (B, 2, length, 3))
-    cache.update_and_fetch(k, -k)
-    return cache
-
-
-def slots(cache: BatchKVCache, row: int) -> list[float]:
-    return np.array(cache.keys[row, 0, : cache.offset, 0]).tolist()
 
 
 # ---- the cache: rows leave and join -----------------------------------------------------------
@@ -38,21 +15,21 @@ def slots(cache: BatchKVCache, row: int) -> list[float]:
 def test_extend_left_pads_the_shorter_side():
     """A (1 row, 3 slots) + B (2 rows, 5 slots, row 0 padded by 1): A is shifted right by 2;
     padding and offset move together, so every row keeps its positions."""
-    a, b = filled([0], 3, base=100), filled([1, 0], 5, base=200)
+    a, b = filled_batch_cache([0], 3, base=100), filled_batch_cache([1, 0], 5, base=200)
     a.extend(b)
     assert a.offset == 5 and a.left_padding == [2, 1, 0]
-    assert slots(a, 0)[2:] == [100, 101, 102]
-    assert slots(a, 1) == [200, 201, 202, 203, 204] and slots(a, 2) == [210, 211, 212, 213, 214]
+    assert cache_slots(a, 0)[2:] == [100, 101, 102]
+    assert cache_slots(a, 1) == [200, 201, 202, 203, 204] and cache_slots(a, 2) == [210, 211, 212, 213, 214]
     assert a.rope_offset.tolist() == [3, 4, 5]
-    c, d = filled([0], 4, base=0), filled([0], 2, base=50)
+    c, d = filled_batch_cache([0], 4, base=0), filled_batch_cache([0], 2, base=50)
     c.extend(d)  # now the joining side is shorter
-    assert c.left_padding == [0, 2] and slots(c, 1)[2:] == [50, 51]
+    assert c.left_padding == [0, 2] and cache_slots(c, 1)[2:] == [50, 51]
 
 
 def test_extend_into_an_empty_cache_takes_the_rows():
-    empty, b = BatchKVCache([0]), filled([1, 0], 3, base=0)
+    empty, b = BatchKVCache([0]), filled_batch_cache([1, 0], 3, base=0)
     empty.extend(b)
-    assert empty.offset == 3 and empty.left_padding == [1, 0] and slots(empty, 1) == [10, 11, 12]
+    assert empty.offset == 3 and empty.left_padding == [1, 0] and cache_slots(empty, 1) == [10, 11, 12]
 
 
 # ---- the generator ------------------------------------------------------------------------------
@@ -79,7 +56,7 @@ def test_requests_queue_join_and_leave_and_match_running_alone(max_batch_size):
     gen = BatchGenerator(model, tok, max_batch_size=max_batch_size, prefill_step_size=3)
     uids = [gen.insert(p, n) for p, n in zip(PROMPTS, LIMITS)]
     out = run(gen)
-    assert [out[u] for u in uids] == [alone(model, tok, p, n) for p, n in zip(PROMPTS, LIMITS)]
+    assert [out[u] for u in uids] == [generate_alone(model, tok, p, n) for p, n in zip(PROMPTS, LIMITS)]
 
 
 def test_a_request_inserted_mid_run_joins_and_both_match_alone():
@@ -102,8 +79,8 @@ def test_a_request_inserted_mid_run_joins_and_both_match_alone():
         got.setdefault(r.uid, []).append(r.token)
     for uid, tokens in run(gen).items():
         got[uid] += tokens
-    assert got[a] == alone(model, tok, PROMPTS[3], 10, pa)
-    assert got[b] == alone(model, tok, PROMPTS[0], 6, pb)
+    assert got[a] == generate_alone(model, tok, PROMPTS[3], 10, pa)
+    assert got[b] == generate_alone(model, tok, PROMPTS[0], 6, pb)
 
 
 @pytest.mark.parametrize("prompt, max_tokens, match", [
@@ -125,7 +102,7 @@ def test_a_bad_request_is_refused_and_the_others_are_not_lost(prompt, max_tokens
     assert gen.running == uids[:2] and gen.waiting == uids[2:]
     for uid, tokens in run(gen).items():
         first.setdefault(uid, []).extend(tokens)
-    assert [first[u] for u in uids] == [alone(model, tok, p, n) for p, n in zip(PROMPTS[:3], LIMITS[:3])]
+    assert [first[u] for u in uids] == [generate_alone(model, tok, p, n) for p, n in zip(PROMPTS[:3], LIMITS[:3])]
 
 
 def test_batch_generate_with_fewer_rows_than_prompts():
@@ -133,4 +110,4 @@ def test_batch_generate_with_fewer_rows_than_prompts():
     model, _ = tiny_model("llama-untied", seed=44)
     tok = vocab_tokenizer(model.args.vocab_size)
     result = batch_generate(model, tok, PROMPTS, LIMITS, max_batch_size=2)
-    assert result.tokens == [alone(model, tok, p, n) for p, n in zip(PROMPTS, LIMITS)]
+    assert result.tokens == [generate_alone(model, tok, p, n) for p, n in zip(PROMPTS, LIMITS)]

@@ -8,6 +8,8 @@ import math
 
 import mlx.core as mx
 
+from .positional_encoding import RoPE
+
 
 class FusedRMSNorm:
     """`RMSNorm` as one `mx.fast.rms_norm` kernel."""
@@ -22,17 +24,9 @@ class FusedRMSNorm:
         # END SOLUTION
 
 
-class FusedRoPE:
-    """`RoPE` as one `mx.fast.rope` kernel; `x [B, L, H, D]` as in week 1."""
-
-    def __init__(self, dims: int, base: float = 10000.0, traditional: bool = False):
-        if dims <= 0 or dims % 2:
-            raise ValueError(f"RoPE dims must be a positive even number, got {dims}")
-        if not base > 0:
-            raise ValueError(f"RoPE base must be positive, got {base}")
-        self.dims = dims
-        self.base = float(base)
-        self.traditional = traditional
+class FusedRoPE(RoPE):
+    """`RoPE` as one `mx.fast.rope` kernel; `x [B, L, H, D]` as in week 1 (the settings are
+    RoPE's)."""
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         """`offset`: the first token's position, an int or one per row (`[B]`)."""
