@@ -65,9 +65,7 @@ def rejection_sample(
     row = accepted[:, None, None]
     r = mx.take_along_axis(residual, row, axis=1)[:, 0]  # B, V
     r = mx.where(mx.sum(r, axis=-1, keepdims=True) > 0, r, mx.take_along_axis(p, row, axis=1)[:, 0])
-    cdf = mx.cumsum(r, axis=-1)
-    nxt = mx.sum(cdf < uniforms[:, G:] * cdf[:, -1:], axis=-1)
-    nxt = mx.minimum(nxt, r.shape[-1] - 1).astype(mx.int32)
+    nxt = draw(r, uniforms[:, G])
     pos = mx.arange(G + 1)[None]
     padded = mx.concatenate([drafts, mx.zeros((B, 1), mx.int32)], axis=1)
     tokens = mx.where(pos < accepted[:, None], padded, mx.where(pos == accepted[:, None], nxt[:, None], -1))

@@ -477,9 +477,6 @@ def token_distribution(logits: mx.array, params: SamplingParams | Sequence[Sampl
     return Sampler(params, tokenizer).distribution(logits, history)
 
 
-DRAW_CHUNK = 64
-
-
 def _draw(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
     """One token per row: the first whose running (unnormalised) mass, in vocabulary order,
     reaches u times the total. Excluded tokens add exactly 0 and are never chosen. Also
@@ -490,20 +487,20 @@ def _draw(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
     the chunk first, then the token inside it; on MLX's CPU backend this is about 1.7x
     faster than one running sum over the row."""
     B, V = final.shape
-    if V % DRAW_CHUNK or V < 4 * DRAW_CHUNK:
+    if V % stages.CHUNK or V < 4 * stages.CHUNK:
         return _draw_flat(final, u)
-    y = final.reshape(B, V // DRAW_CHUNK, DRAW_CHUNK)
+    y = final.reshape(B, V // stages.CHUNK, stages.CHUNK)
     top = mx.max(mx.max(y, axis=-1), axis=-1)  # B
     inside = mx.cumsum(stages.exp(y - top[:, None, None]), axis=-1)  # B, N, C
     chunks = mx.cumsum(inside[..., -1], axis=-1)  # B, N: mass up to the end of each chunk
     target = u * chunks[:, -1]
-    j = mx.minimum(mx.sum(chunks < target[:, None], axis=-1), V // DRAW_CHUNK - 1)  # the chunk
+    j = mx.minimum(mx.sum(chunks < target[:, None], axis=-1), V // stages.CHUNK - 1)  # the chunk
     before = mx.take_along_axis(chunks, mx.maximum(j - 1, 0)[:, None], axis=-1)[:, 0]
     before = mx.where(j > 0, before, 0.0)
     # The same additions as `chunks` makes: the chunk's last entry equals chunks[j] exactly.
     running = before[:, None] + mx.take_along_axis(inside, j[:, None, None], axis=1)[:, 0]  # B, C
-    k = mx.minimum(mx.sum(running < target[:, None], axis=-1), DRAW_CHUNK - 1)
-    return (j * DRAW_CHUNK + k).astype(mx.int32), top
+    k = mx.minimum(mx.sum(running < target[:, None], axis=-1), stages.CHUNK - 1)
+    return (j * stages.CHUNK + k).astype(mx.int32), top
 
 
 @mx.compile
