@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ..constrain import TokenMatcher, TokenTable
 from . import fast, rng, stages
 from .dry import dry_penalties
 from .params import SamplingParams
@@ -53,7 +54,8 @@ class SamplerStats:
 
 class Sampler:
     """Samples one token per row. `params`: one `SamplingParams` for every row, or a list
-    with one per row. `tokenizer` turns string `dry_sequence_breakers` into token ids."""
+    with one per row. `tokenizer` turns string `dry_sequence_breakers` into token ids, and
+    gives a `grammar` its vocabulary (a `tiny_llm.constrain.TokenTable` also does)."""
 
     def __init__(self, params: SamplingParams | Sequence[SamplingParams], tokenizer=None):
         if isinstance(params, SamplingParams):
@@ -70,6 +72,7 @@ class Sampler:
         self._kind = [_kind(p) for p in rows]
         self._penalised = ["penalties" in p.enabled_stages() for p in rows]
         self._breakers = [_encode_breakers(p, tokenizer) for p in rows]
+        self._matchers = _grammar_matchers(rows, tokenizer)
         # Unseeded rows draw a fresh seed once: their stream is new but self-consistent.
         self._seeds = [p.seed if p.seed is not None else secrets.randbits(32) for p in rows]
         self.stats = SamplerStats()
@@ -80,13 +83,18 @@ class Sampler:
         self._batch: int | None = None
         self._counters = np.zeros(len(self.params), dtype=np.int64)
         self._mu = mx.array([2.0 * p.mirostat_tau for p in self.params], dtype=mx.float32)
+        self._gstates: list[int] | None = None  # each row's grammar state (built when first used)
 
     # ---- public API -----------------------------------------------------------------------
 
     def distribution(self, logits: mx.array, history: History = None) -> mx.array:
         """`[B, V]` float32 probabilities the next token would be drawn from (rows sum to 1;
         excluded tokens exactly 0). Changes no state."""
-        return stages.softmax(self._final_logits(logits, history))
+        x, hist = self._check(logits, history)
+        final = self._final_from(x, hist)
+        if any(self._matchers):
+            final = self._constrain(x, hist, final, self._rows(x.shape[0]))
+        return stages.softmax(final)
 
     def sample(self, logits: mx.array, history: History = None) -> mx.array:
         """One token per row, `[B]`; advances each row's counter (and mirostat state)."""
@@ -111,8 +119,10 @@ class Sampler:
         new = object.__new__(Sampler)
         new._shared, new._batch, new.stats = False, None, SamplerStats()
         new.params = [self.params[r] for r in rows]
-        for name in ("_kind", "_penalised", "_breakers", "_seeds"):
+        for name in ("_kind", "_penalised", "_breakers", "_seeds", "_matchers"):
             setattr(new, name, [getattr(self, name)[r] for r in rows])
+        new._gstates = self._grammar_states(len(self.params))
+        new._gstates = [new._gstates[r] for r in rows]
         new._counters = self._counters[rows].copy()
         new._mu = self._mu[mx.array(rows)]
         return new
@@ -127,7 +137,7 @@ class Sampler:
         for other in samplers[1:]:
             other = other.select(range(len(other.params)))
             first.params += other.params
-            for name in ("_kind", "_penalised", "_breakers", "_seeds"):
+            for name in ("_kind", "_penalised", "_breakers", "_seeds", "_matchers", "_gstates"):
                 getattr(first, name).extend(getattr(other, name))
             first._counters = np.concatenate([first._counters, other._counters])
             first._mu = mx.concatenate([first._mu, other._mu])
@@ -185,10 +195,6 @@ class Sampler:
             p = self.params[i]
             groups.setdefault(("mirostat", p.mirostat) if p.mirostat else p.order, []).append(b)
         return groups
-
-    def _final_logits(self, logits: mx.array, history: History) -> mx.array:
-        x, hist = self._check(logits, history)
-        return self._final_from(x, hist)
 
     def _final_from(self, x: mx.array, hist: list[list[int]]) -> mx.array:
         rows = self._rows(x.shape[0])
@@ -323,7 +329,8 @@ class Sampler:
         mx.eval(logits)  # the model's work is not sampling time
         start = time.perf_counter()
         rows = self._rows(logits.shape[0]) if isinstance(logits, mx.array) and logits.ndim == 2 else None
-        if rows is not None and not with_logprobs:
+        grammar = rows is not None and any(self._matchers[i] for i in set(rows))
+        if rows is not None and not with_logprobs and not grammar:
             kinds = {self._kind[i] for i in set(rows)}
             if kinds <= {"greedy", "plain"}:
                 # No up-front check here: the reductions these paths need anyway reveal NaN
@@ -342,6 +349,8 @@ class Sampler:
         tops = mx.zeros((B,), dtype=mx.float32)  # each row's largest final logit: must be finite
         # The distribution the tokens are drawn from, before mirostat moves mu.
         final = self._final_from(x, hist) if with_logprobs else None
+        if final is not None and grammar:
+            final = self._constrain(x, hist, final, rows)
         mirostat_updates = []
         groups = self._groups(rows)
         for key, members in groups.items():
@@ -380,6 +389,8 @@ class Sampler:
                     f"row {row}: the sampling stages left no finite logit (a temperature or "
                     f"penalty this extreme overflows float32)"
                 )
+        if grammar:
+            tokens = self._grammar_draw(x, hist, rows, tokens, final, u, seeds, counters)
         for update in mirostat_updates:  # state changes only once the draw is valid
             self._update_mu(*update)
         result = SampleResult(tokens, *([None] * 8))
@@ -424,6 +435,64 @@ class Sampler:
         mx.eval(tokens, probe)
         if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
             return None
+        return tokens
+
+    def _grammar_states(self, B: int) -> list[int]:
+        """Each batch row's grammar state (0 for rows without a grammar)."""
+        if self._gstates is None or (self._shared and len(self._gstates) != B):
+            matchers = [self._matchers[i] for i in self._rows(B)]
+            self._gstates = [m.start if m else 0 for m in matchers]
+        return self._gstates
+
+    def _constrain(self, x: mx.array, hist: list[list[int]], final: mx.array, rows: list[int]) -> mx.array:
+        """The final logits of grammar rows with the tokens the grammar forbids at -inf. Where
+        the chain's filters left no allowed token (greedy, say, whose argmax is forbidden),
+        the chain runs again on the masked logits instead."""
+        B, V = x.shape
+        states = self._grammar_states(B)
+        masks = np.ones((B, V), dtype=bool)
+        for b, i in enumerate(rows):
+            if self._matchers[i]:
+                masks[b] = self._matchers[i].mask(states[b], V)
+                if not masks[b].any():
+                    raise ValueError(f"row {b}: the grammar allows no token here (the text so far can "
+                                     f"only go on with characters no token of this vocabulary has)")
+        allowed = mx.array(masks)
+        out = mx.where(allowed, final, -math.inf)
+        emptied = (mx.max(out, axis=-1) == -math.inf).tolist()
+        if any(emptied):
+            masked = mx.where(allowed, x, -math.inf)
+            for b, value in enumerate(mx.max(masked, axis=-1).tolist()):
+                if value == -math.inf:
+                    raise ValueError(f"row {b}: every token the grammar allows has logit -inf (after "
+                                     f"logit_bias and min_tokens): nothing can be sampled")
+            again = self._final_from(masked, hist)
+            out = mx.where(mx.array(emptied)[:, None], again, out)
+        return out
+
+    def _grammar_draw(self, x, hist, rows, tokens, final, u, seeds, counters) -> mx.array:
+        """Keep each grammar row's token if the grammar allows it (and the row does not ask
+        for grammar_first); otherwise draw again from the constrained distribution, with an
+        independent uniform. Either way the token follows the final distribution
+        renormalised over the allowed tokens: the first draw lands on an allowed token t
+        with probability p(t), and is redrawn with probability 1 - p(allowed)."""
+        B = x.shape[0]
+        states = self._grammar_states(B)
+        chosen = tokens.tolist()
+        redo = [b for b, i in enumerate(rows) if self._matchers[i] and (
+            self.params[i].grammar_first or not self._matchers[i].allows(states[b], chosen[b]))]
+        if redo:
+            if final is None:
+                final = self._constrain(x, hist, self._final_from(x, hist), rows)
+            first = mx.array([self.params[i].grammar_first for i in rows])
+            again = mx.where(first, u, rng.uniform(seeds, mx.array(counters, dtype=mx.uint32), rng.GRAMMAR))
+            idx = mx.array(redo)
+            t, _ = _draw(final[idx], again[idx])
+            tokens = _scatter_1d(tokens, idx, t)
+            chosen = tokens.tolist()
+        for b, i in enumerate(rows):
+            if self._matchers[i]:
+                states[b] = self._matchers[i].advance(states[b], chosen[b])
         return tokens
 
     def _finish(self, tokens: mx.array, rows: list[int], start: float) -> SampleResult:
@@ -543,11 +612,20 @@ def _scatter_1d(out: mx.array, idx: mx.array, values: mx.array) -> mx.array:
     return mx.where(where > 0, values[mx.maximum(where - 1, 0)], out)
 
 
+def _grammar_matchers(rows: Sequence[SamplingParams], tokenizer) -> list[TokenMatcher | None]:
+    if not any(p.grammar for p in rows):
+        return [None] * len(rows)
+    if tokenizer is None:
+        raise ValueError("grammar needs the vocabulary: pass tokenizer= (a Tokenizer or a TokenTable) to the Sampler")
+    table = tokenizer if isinstance(tokenizer, TokenTable) else TokenTable.from_tokenizer(tokenizer)
+    return [TokenMatcher.get(p.grammar, table) if p.grammar else None for p in rows]
+
+
 def _encode_breakers(params: SamplingParams, tokenizer) -> list[tuple[int, ...]]:
     out = []
     for b in params.dry_sequence_breakers:
         if isinstance(b, str):
-            if tokenizer is None:
+            if tokenizer is None or isinstance(tokenizer, TokenTable):
                 if params.dry_multiplier > 0:
                     raise ValueError(
                         f"dry_sequence_breakers has the string {b!r}: pass tokenizer= to the Sampler "

@@ -4,6 +4,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
+from ..constrain.grammar import Grammar
 from .checks import check_float, check_int
 
 STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
@@ -69,6 +70,11 @@ class SamplingParams:
     token ids with the tokenizer given to the `Sampler`) or token-id sequences.
     `logprobs`: how many top log-probabilities `Sampler.sample_with_logprobs` returns.
     `order`: a preset (`"llama.cpp"`, `"hf"`, `"vllm"`, `"mlx-lm"`) or stage names.
+    `grammar`: a `tiny_llm.constrain.Grammar` the generated text must follow (the `Sampler`
+    needs the tokenizer). The token is drawn from the final distribution renormalised over
+    the tokens the grammar allows. `grammar_first=False` draws first and applies the mask
+    only when the grammar rejects the draw (llama.cpp's default); `True` masks every step.
+    Both give exactly the same distribution.
     """
 
     temperature: float = 1.0
@@ -99,6 +105,8 @@ class SamplingParams:
     seed: int | None = None
     order: str | tuple[str, ...] | None = None
     logprobs: int = 0
+    grammar: Grammar | None = None
+    grammar_first: bool = False
 
     def __post_init__(self):
         f = check_float
@@ -155,6 +163,16 @@ class SamplingParams:
             check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
         object.__setattr__(self, "order", resolve_order(self.order))
         check_int("logprobs", self.logprobs, minimum=0)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(
+                f"grammar must be a tiny_llm.constrain.Grammar (e.g. Grammar.from_gbnf(text)), "
+                f"got {type(self.grammar).__name__}"
+            )
+        if not isinstance(self.grammar_first, bool):
+            raise ValueError(f"grammar_first must be True or False, got {self.grammar_first!r}")
+        if self.grammar is not None and self.mirostat:
+            raise ValueError(f"grammar does not combine with mirostat={self.mirostat}: mirostat's "
+                             f"target surprise assumes the unconstrained distribution")
         missing = [stage for stage in self.enabled_stages() if stage not in self.order]
         if missing and not self.mirostat:
             raise ValueError(

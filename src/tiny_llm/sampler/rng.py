@@ -6,7 +6,9 @@ the other rows of the batch; the same numbers come out on every device.
 
 import mlx.core as mx
 
-DRAW, XTC = 0, 1  # stream ids: the token draw and XTC's coin are independent
+# Stream ids: the token draw, XTC's coin and the draw again after a grammar rejected the
+# first one are independent.
+DRAW, XTC, GRAMMAR = 0, 1, 2
 
 
 def _mix(x: mx.array) -> mx.array:

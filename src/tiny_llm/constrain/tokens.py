@@ -1,0 +1,155 @@
+"""From grammar states to token masks over a vocabulary.
+
+A token is allowed in a state when feeding its bytes keeps the automaton alive: the text so
+far plus the token can still be completed into a sentence. End-of-sequence tokens are
+allowed exactly where the text is a whole sentence. Special tokens (control tokens such as
+a chat template's markers) have no text and are never allowed.
+
+`TokenTable` lays the vocabulary out once per tokenizer: the tokens' bytes in a matrix,
+sorted by length. A mask is then computed for all tokens at once, one byte column at a
+time: the states of all tokens still alive go through the automaton's transition table with
+a single gather. Masks are kept per state, so a state seen again costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .grammar import Automaton, Grammar
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class TokenTable:
+    """The bytes of every token id (None: a token with no text, never allowed), and the
+    end-of-sequence ids."""
+
+    def __init__(self, tokens: Sequence[bytes | None], eos_token_ids: Iterable[int] = ()):
+        self.tokens = [None if t is None else bytes(t) for t in tokens]
+        self.size = len(self.tokens)
+        self.eos = tuple(sorted({int(i) for i in eos_token_ids if 0 <= int(i) < self.size}))
+        eos = set(self.eos)
+        text = [i for i, t in enumerate(self.tokens) if t and i not in eos]
+        text.sort(key=lambda i: len(self.tokens[i]))
+        self.order = np.array(text, dtype=np.int64)  # text tokens, shortest first
+        lengths = np.array([len(self.tokens[i]) for i in text], dtype=np.int64)
+        width = int(lengths[-1]) if len(text) else 0
+        self.bytes = np.zeros((len(text), width), dtype=np.int32)
+        for row, i in enumerate(text):
+            self.bytes[row, : lengths[row]] = np.frombuffer(self.tokens[i], dtype=np.uint8)
+        # starts[k]: the first row (in `order`) whose token has more than k bytes.
+        self.starts = np.searchsorted(lengths, np.arange(width), side="right")
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TokenTable:
+        """The table of a `tiny_llm` tokenizer (built once per tokenizer object)."""
+        table = _TABLES.get(tokenizer)
+        if table is None:
+            table = _TABLES[tokenizer] = cls(token_bytes(tokenizer), tokenizer.eos_token_ids)
+        return table
+
+
+def token_bytes(tokenizer) -> list[bytes | None]:
+    """Each token's bytes: byte-level BPE tokens through GPT-2's byte alphabet, byte-fallback
+    tokens `<0xHH>` as that byte, SentencePiece's `▁` as a space; special tokens None."""
+    backend = tokenizer.backend
+    added = backend.get_added_tokens_decoder()
+    byte_level = type(backend.decoder).__name__ == "ByteLevel"
+    alphabet = _byte_alphabet()
+    out: list[bytes | None] = []
+    for i in range(tokenizer.vocab_size):
+        piece = backend.id_to_token(i)
+        if piece is None or (i in added and added[i].special):
+            out.append(None)
+        elif i in added:
+            out.append(piece.encode())
+        elif byte_level and all(c in alphabet for c in piece):
+            out.append(bytes(alphabet[c] for c in piece))
+        elif m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece):
+            out.append(bytes([int(m[1], 16)]))
+        else:
+            out.append(piece.replace("\u2581", " ").encode())
+    return out
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class TokenMatcher:
+    """A grammar over one vocabulary. States are the automaton's state numbers:
+    `start`, then `advance(state, token)` after each token."""
+
+    MAX_MASKS = 1024  # masks kept (each is one bool per token)
+
+    def __init__(self, grammar: Grammar, table: TokenTable):
+        self.grammar = grammar
+        self.automaton: Automaton = grammar.automaton
+        self.table = table
+        self.start = self.automaton.start
+        self._masks: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def get(cls, grammar: Grammar, table: TokenTable) -> TokenMatcher:
+        """One matcher per (grammar, table), so masks are shared by every row and request."""
+        matcher = grammar._matchers.get(id(table))
+        if matcher is None or matcher.table is not table:
+            matcher = grammar._matchers[id(table)] = cls(grammar, table)
+        return matcher
+
+    def allows(self, state: int, token: int) -> bool:
+        if token in self.table.eos:
+            return self.automaton.accepting(state)
+        data = self.table.tokens[token] if 0 <= token < self.table.size else None
+        return bool(data) and self.automaton.walk(state, data) != Automaton.DEAD
+
+    def advance(self, state: int, token: int) -> int:
+        """The state after `token` (an end-of-sequence token leaves it as it is)."""
+        if token in self.table.eos:
+            return state
+        return self.automaton.walk(state, self.table.tokens[token] or b"")
+
+    def accepting(self, state: int) -> bool:
+        return self.automaton.accepting(state)
+
+    def mask(self, state: int, size: int | None = None) -> np.ndarray:
+        """Which tokens may come next: bool `[size]` (default: the table's size; ids past
+        the table are never allowed)."""
+        mask = self._masks.get(state)
+        if mask is None:
+            if len(self._masks) >= self.MAX_MASKS:
+                self._masks.pop(next(iter(self._masks)))
+            mask = self._masks[state] = self._compute(state)
+        size = self.table.size if size is None else size
+        if size == len(mask):
+            return mask
+        out = np.zeros(size, dtype=bool)
+        out[: min(size, len(mask))] = mask[:size]
+        return out
+
+    def _compute(self, state: int) -> np.ndarray:
+        t = self.table
+        states = np.full(len(t.order), state, dtype=np.int32)
+        for k, start in enumerate(t.starts.tolist()):
+            live = start + np.flatnonzero(states[start:])  # tokens longer than k bytes, alive
+            if not len(live):
+                break
+            states[live] = self.automaton.grow(states[live], t.bytes[live, k])
+        mask = np.zeros(t.size, dtype=bool)
+        mask[t.order] = states != Automaton.DEAD
+        if self.automaton.accepting(state):
+            mask[list(t.eos)] = True
+        return mask
