@@ -74,6 +74,11 @@ def default_model(default_model_dir):
 
 
 @pytest.fixture(scope="session")
+def default_tokenizer(default_model):
+    return default_model[1]
+
+
+@pytest.fixture(scope="session")
 def course_default_model(default_model_dir):
     """The default model on the course's hand-written RMSNorm, RoPE and attention."""
     from tiny_llm import load

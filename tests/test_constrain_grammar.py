@@ -1,0 +1,274 @@
+"""GBNF parsing, the byte-level matcher, and token masks against brute force."""
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+
+from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
+from tiny_llm.constrain.grammar import parse
+
+JSONISH = r"""
+# a small JSON: objects, arrays, strings, integers
+root   ::= value
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::= "{" ws (
+             string ":" ws value ("," ws string ":" ws value)*
+           )? "}" ws
+array  ::= "[" ws (value ("," ws value)*)? "]" ws
+string ::= "\"" ([^"\\\x00-\x1F] | "\\" ["\\/bfnrt])* "\"" ws
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ws
+ws     ::= | " " | "\n" [ \t]{0,4}
+"""
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": [1, -20, "x\\n"], "b": {}}', True),
+    ("[true,false,null]", True),
+    ('{\n  "k": "é中😀"}', True),
+    ("[01]", False),  # 0 then 1: no separator
+    ('{"a" 1}', False),
+    ("[1,]", False),
+    ('"\\q"', False),
+    ('"\x01"', False),
+    ("{\n" + " " * 5 + '"a": 1}', False),  # at most 4 blanks after a newline
+    ("", False),
+])
+def test_gbnf_json_like_grammar(text, expected):
+    assert Grammar.from_gbnf(JSONISH).accepts(text) == expected
+
+
+@pytest.mark.parametrize("gbnf, yes, no", [
+    (r'root ::= "a"{2,3} "b"{2} "c"{1,} "d"{,2}', ["aabbc", "aaabbcccdd"], ["abbc", "aaaabbc", "aabbbc", "aabb", "aabbcddd"]),
+    (r"root ::= [^a-c\x5D]+", ["d]".replace("]", ""), "xyz", "é"], ["a", "]", "dc", ""]),
+    (r"root ::= . . .", ["abc", "é中😀", "\n\n\n"], ["ab", "abcd"]),
+    (r'root ::= "\x41\u00e9\U0001F600\t\"\\"', ['Aé😀\t"\\'], ["A"]),
+    (r"root ::= [-a] [a-]", ["--", "aa", "-a"], ["b-"]),
+    ("root ::= a b\na ::= \"x\" | \"\"\nb ::= \"y\"   # trailing comment\n", ["xy", "y"], ["x", ""]),
+    ("root ::= (\"a\"\n  | \"b\")\n\n   # comment line\n", ["a", "b"], ["ab"]),
+    ('root ::= "a" |\n  "b"', ["a", "b"], [""]),
+    ('root ::= "(" root ")" root | ""', ["", "()", "(())()"], ["(", "())", ")("]),
+    ('root ::= ""', [""], ["a"]),
+])
+def test_gbnf_constructs(gbnf, yes, no):
+    g = Grammar.from_gbnf(gbnf)
+    assert [g.accepts(t) for t in yes] == [True] * len(yes)
+    assert [g.accepts(t) for t in no] == [False] * len(no)
+
+
+@pytest.mark.parametrize("gbnf, message", [
+    ("root ::= foo", r"undefined rule 'foo' at line 1, column 10"),
+    ('root ::= "a"\nx ::= "b" bar\n', r"undefined rule 'bar' at line 2, column 11"),
+    ('root ::= ("a" "b"', r"unbalanced '\(': expected '\)' at line 1, column 10"),
+    ('root ::= "a")', r"unbalanced '\)' at line 1, column 13"),
+    ('root ::= "a" | ("b"\n', r"unbalanced '\('.* at line 1, column 16"),
+    ("root ::= \n", r"empty alternation .* at line 2, column 1"),
+    ("root ::= ()", r"empty alternation .* at line 1, column 11"),
+    ('root ::= "a"\nroot ::= "b"', r"rule 'root' is defined twice at line 2, column 1"),
+    ('root ::= "abc', r"unterminated string literal at line 1, column 10"),
+    ("root ::= [a-", r"unterminated character class at line 1, column 10"),
+    ("root ::= [z-a]", r"character range 'z'-'a' is reversed at line 1, column 11"),
+    (r'root ::= "\q"', r"unknown escape '\\q' at line 1, column 11"),
+    (r'root ::= "\x4"', r"'\\x' needs 2 hex digits at line 1, column 11"),
+    ('root ::= "a"{3,1}', r"maximum below its minimum at line 1, column 13"),
+    ('root ::= "a"{2', r"expected '}' .* at line 1, column 13"),
+    ('root ::= "a" @', r"unexpected '@' at line 1, column 14"),
+    ('root "a"', r"expected '::=' after rule name 'root' at line 1, column 6"),
+    ("::= x", r"expected a rule name, found ':' at line 1, column 1"),
+    ("# only a comment\n", r"the grammar has no rules"),
+    ('start ::= "a"', r"no rule named 'root'"),
+    ('root ::= root "a" | "b"', r"rule 'root' is left-recursive"),
+    ('root ::= x\nx ::= "a"? root', r"rule '(root|x)' is left-recursive"),
+    ('root ::= ("a"?)*', r"rule 'root' is left-recursive"),
+])
+def test_gbnf_errors(gbnf, message):
+    with pytest.raises(ValueError, match=message):
+        Grammar.from_gbnf(gbnf)
+
+
+def test_gbnf_needs_text():
+    with pytest.raises(ValueError, match="GBNF text"):
+        Grammar.from_gbnf(b'root ::= "a"')
+
+
+def test_grammar_other_root_and_equality():
+    g = Grammar.from_gbnf('start ::= "x"', root="start")
+    assert g.accepts("x") and not g.accepts("")
+    assert g == Grammar.from_gbnf('start ::= "x"', root="start") and hash(g) == hash(Grammar('start ::= "x"', "start"))
+    assert g != Grammar.from_gbnf('root ::= "x"')
+
+
+# ---- the matcher against brute force ------------------------------------------------------
+# An independent reference: backtracking over the syntax tree (no stacks, no automaton).
+
+def reference(gbnf: str):
+    rules = parse(gbnf)
+
+    def ends(node, text: str, i: int) -> frozenset:
+        kind = node[0]
+        if kind == "chars":
+            ok = i < len(text) and any(lo <= ord(text[i]) <= hi for lo, hi in node[1]) != node[2]
+            return frozenset({i + 1}) if ok else frozenset()
+        if kind == "ref":
+            return rule_ends(node[1], text, i)
+        if kind == "seq":
+            at = {i}
+            for item in node[1]:
+                at = {j for k in at for j in ends(item, text, k)}
+            return frozenset(at)
+        if kind == "alt":
+            return frozenset(j for seq in node[1] for j in ends(seq, text, i))
+        _, item, lo, hi = node
+        at, out, n = {i}, set(), 0
+        while at and (hi is None or n <= hi):
+            if n >= lo:
+                out |= at
+            if hi is not None and n == hi:
+                break
+            at = {j for k in at for j in ends(item, text, k)} - (out if n >= lo else set())
+            n += 1
+        return frozenset(out)
+
+    @functools.lru_cache(maxsize=None)
+    def rule_ends(name: str, text: str, i: int) -> frozenset:
+        return ends(rules[name], text, i)
+
+    return lambda text: len(text) in rule_ends("root", text, 0)
+
+
+# grammar, alphabet, and how many characters the brute force may add to finish a text
+CASES = {
+    "choices": ('root ::= ("a" | "é" [bc]) ("," root)?', "aébc,", 3),
+    "nesting": ('root ::= "(" root ")" root | ""', "()é", 5),
+    "strings": (r'root ::= "\"" [^"\\]* "\"" | [0-9]{1,3}', '"\\1é', 3),
+    "unicode": ("root ::= [α-ω]+ \"中\"? | \"😀\" [^α-ω]", "αω中😀a", 3),
+}
+
+
+def strings(alphabet: str, up_to: int):
+    for n in range(up_to + 1):
+        for chars in itertools.product(alphabet, repeat=n):
+            yield "".join(chars)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_accepts_equals_reference(case):
+    gbnf, alphabet, _ = CASES[case]
+    g, member = Grammar.from_gbnf(gbnf), reference(gbnf)
+    texts = list(strings(alphabet, 4))
+    assert [g.accepts(t) for t in texts] == [member(t) for t in texts]
+    assert any(member(t) for t in texts) and not all(member(t) for t in texts)
+
+
+def vocabulary(alphabet: str) -> list[bytes | None]:
+    """Every 1- and 2-character token, and tokens that cut multi-byte characters apart."""
+    tokens: list[bytes | None] = [b"<eos>", None]  # 0 ends the sequence; 1 is a special token
+    tokens += [c.encode() for c in alphabet]
+    tokens += ["".join(p).encode() for p in itertools.product(alphabet, repeat=2)]
+    for ch in alphabet:
+        data = ch.encode()
+        for k in range(1, len(data)):
+            tokens += [data[:k], data[k:], b"a" + data[:k], data[k:] + b"a"]
+    tokens += [b"\xff", b"\x80", b"\xc3\x28"]  # never valid UTF-8
+    return list(dict.fromkeys(tokens))
+
+
+def can_complete(member, alphabet: str, data: bytes, room: int = 3) -> bool:
+    """Brute force: do at most `room` more characters (from `alphabet`) make `data` a
+    sentence? `data` may end inside a character."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            head = data[:cut].decode()
+        except UnicodeDecodeError:
+            continue
+        tail = data[cut:]
+        if not tail:
+            return any(member(head + s) for s in strings(alphabet, room))
+        firsts = [c for c in alphabet if c.encode().startswith(tail) and len(c.encode()) > len(tail)]
+        return any(member(head + c + s) for c in firsts for s in strings(alphabet, room - 1))
+    return False
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mask_equals_brute_force(case):
+    gbnf, alphabet, room = CASES[case]
+    member = reference(gbnf)
+    table = TokenTable(vocabulary(alphabet), eos_token_ids=[0])
+    matcher = TokenMatcher(Grammar.from_gbnf(gbnf), table)
+    rng = np.random.default_rng(7)
+    prefixes = {b"", b"\xce"}  # the empty text, and the first byte of 'α' (or of nothing)
+    for _ in range(16):  # random texts that can still be completed, some cut mid-character
+        text = ""
+        for _ in range(rng.integers(0, 4)):
+            ok = [c for c in alphabet if can_complete(member, alphabet, (text + c).encode(), 2)]
+            if not ok:
+                break
+            text += ok[rng.integers(len(ok))]
+        data = text.encode()
+        if rng.random() < 0.3:
+            wide = [c.encode() for c in alphabet if len(c.encode()) > 1]
+            pick = wide[rng.integers(len(wide))]
+            data += pick[: rng.integers(1, len(pick))]
+        prefixes.add(data)
+    checked_partial = False
+    for data in sorted(prefixes):
+        state = matcher.automaton.walk(matcher.start, data)
+        expected = np.zeros(table.size, dtype=bool)
+        for i, token in enumerate(table.tokens):
+            if i == 0:
+                expected[i] = _valid(data) and member(data.decode())
+            elif token:
+                expected[i] = can_complete(member, alphabet, data + token, room)
+        if state == 0:  # a dead prefix allows nothing
+            assert not expected.any()
+            continue
+        got = matcher.mask(state)
+        assert got.tolist() == expected.tolist(), (case, data, table.tokens)
+        assert [matcher.allows(state, i) for i in range(table.size)] == expected.tolist()
+        checked_partial |= not _valid(data)
+    # Live prefixes cut inside a character were checked (the nesting grammar has none).
+    assert checked_partial == (case != "nesting")
+
+
+def _valid(data: bytes) -> bool:
+    try:
+        data.decode()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_eos_only_where_the_text_is_a_sentence():
+    table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
+    m = TokenMatcher(Grammar.from_gbnf('root ::= "a" "b"?'), table)
+    s = m.start
+    assert m.mask(s).tolist() == [False, True, False]
+    s = m.advance(s, 1)
+    assert m.mask(s).tolist() == [True, False, True] and m.accepting(s)
+    s = m.advance(s, 2)
+    assert m.mask(s).tolist() == [True, False, False]
+    assert m.advance(s, 0) == s  # the end-of-sequence token adds no text
+    assert m.mask(s, 5).tolist() == [True, False, False, False, False]  # ids past the table: never
+    assert m.mask(s, 2).tolist() == [True, False]
+
+
+def test_masks_are_cached_per_state():
+    table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
+    g = Grammar.from_gbnf('root ::= "a"*')
+    m = TokenMatcher.get(g, table)
+    assert TokenMatcher.get(g, table) is m
+    first = m.mask(m.start)
+    assert m.mask(m.advance(m.start, 1)) is first  # "a"* comes back to the same state
+
+
+def test_token_table_reads_byte_level_tokens(default_tokenizer):
+    table = TokenTable.from_tokenizer(default_tokenizer)
+    assert TokenTable.from_tokenizer(default_tokenizer) is table
+    for text in ['{"name": "Zoë", "emoji": "😀"}\n\tend', " spaced  out ", "中文"]:
+        ids = default_tokenizer.encode(text, add_special_tokens=False)
+        assert b"".join(table.tokens[i] for i in ids) == text.encode()
+    for i in default_tokenizer.eos_token_ids:
+        assert i in table.eos
+    special = default_tokenizer.encode("<|im_start|>", add_special_tokens=False)
+    assert len(special) == 1 and table.tokens[special[0]] is None
