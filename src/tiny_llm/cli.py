@@ -81,6 +81,14 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samplers", dest="order", default=None,
                         help="stage order, e.g. 'top_k;top_p;temperature', or a preset: "
                              "llama.cpp (default), hf, vllm, mlx-lm")
+    parser.add_argument("--grammar", "--grammar-file", dest="grammar_file", default=None, metavar="FILE",
+                        help="constrain the output to a GBNF grammar (llama.cpp's format; root rule 'root')")
+    parser.add_argument("--json-schema", dest="json_schema", default=None, metavar="FILE",
+                        help="constrain the output to JSON that validates against this JSON schema")
+    parser.add_argument("--regex", dest="regex", default=None, metavar="PATTERN",
+                        help="constrain the output to text this regular expression matches in full")
+    parser.add_argument("--grammar-first", dest="grammar_first", action="store_true",
+                        help="mask every step instead of checking the drawn token first (same distribution)")
     parser.add_argument("--system", "--system-prompt", dest="system", default=None,
                         help="system message for the chat template")
     parser.add_argument("--no-chat-template", "--ignore-chat-template", dest="no_chat_template",
@@ -110,12 +118,41 @@ def _sampling(args: argparse.Namespace, tokenizer=None):
         values["dry_sequence_breakers"] = tuple(
             b.encode().decode("unicode_escape") for b in args.dry_sequence_breakers if b != "none")
     values["order"] = args.order
+    values["grammar"], values["grammar_first"] = _grammar(args), args.grammar_first
     if tokenizer is not None and values["min_tokens"] > 0:
         values["eos_token_ids"] = tuple(sorted(tokenizer.eos_token_ids))
     try:
         return SamplingParams(**values)
     except ValueError as e:
         raise UserError(_flag_names(str(e))) from None
+
+
+def _grammar(args: argparse.Namespace):
+    """The grammar of --grammar, --json-schema or --regex (parsed once), or None."""
+    from .constrain import Grammar
+
+    given = [(flag, value) for flag, value in (("--grammar", args.grammar_file), ("--json-schema", args.json_schema),
+                                               ("--regex", args.regex)) if value is not None]
+    if len(given) > 1:
+        raise UserError(f"pass one of --grammar, --json-schema and --regex, not {' and '.join(f for f, _ in given)}")
+    if not given:
+        if args.grammar_first:
+            raise UserError("--grammar-first needs --grammar, --json-schema or --regex")
+        return None
+    if getattr(args, "_grammar", None) is None:
+        flag, value = given[0]
+        try:
+            if flag == "--regex":
+                args._grammar = Grammar.from_regex(value)
+            else:
+                try:
+                    text = Path(value).read_text()
+                except OSError as e:
+                    raise UserError(f"cannot read {flag} {value}: {e.strerror or e}") from None
+                args._grammar = Grammar.from_gbnf(text) if flag == "--grammar" else Grammar.from_json_schema(text)
+        except ValueError as e:
+            raise UserError(f"{flag} {value}: {e}") from None
+    return args._grammar
 
 
 def _make_sampler(args: argparse.Namespace, tokenizer):
@@ -203,6 +240,8 @@ def _check_beams(args: argparse.Namespace) -> None:
                         f"got {args.num_return_sequences}")
     if args.num_beams > 1 and args.max_tokens < 1:
         raise UserError(f"--max-tokens must be a positive integer for beam search, got {args.max_tokens}")
+    if args.num_beams > 1 and _grammar(args) is not None:
+        raise UserError("beam search does not combine with --grammar, --json-schema or --regex")
 
 
 def _print_beams(model, tokenizer, text: str, args: argparse.Namespace) -> None:
@@ -265,6 +304,7 @@ def _check_speculative(args: argparse.Namespace, params) -> dict | None:
     if args.num_draft_tokens < 1:
         raise UserError(f"--num-draft-tokens must be a positive integer, got {args.num_draft_tokens}")
     for flag, clash in (("--num-beams", args.num_beams > 1), ("--no-kv-cache", args.no_kv_cache),
+                        ("a grammar", params.grammar is not None),
                         ("--mirostat", params.mirostat), ("--xtc-probability", params.xtc_probability > 0),
                         ("--logprobs", params.logprobs), ("--min-tokens", params.min_tokens)):
         if clash:
@@ -295,6 +335,7 @@ def _chat(args: argparse.Namespace) -> None:
         messages.append({"role": "user", "content": line})
         text = _messages_text(tokenizer, args, messages)
         pieces, last = [], None
+        sampler.reset_grammar()  # every reply follows the grammar from its start
         try:
             _, last = _stream(model, tokenizer, text, args, sampler, pieces)
         except KeyboardInterrupt:

@@ -127,6 +127,9 @@ def speculative_generate_step(
             f"history: mirostat={params.mirostat}, xtc_probability={params.xtc_probability} and "
             f"min_tokens={params.min_tokens} must be off"
         )
+    if params.grammar is not None:
+        raise ValueError("speculative decoding does not take a grammar: constrained decoding runs "
+                         "without a drafter (drop draft_model / prompt_lookup)")
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
     draft_vocab = getattr(getattr(draft_model, "args", None), "vocab_size", None)
     if draft_model is not None and vocab and draft_vocab and vocab != draft_vocab:

@@ -85,6 +85,10 @@ class Sampler:
         self._mu = mx.array([2.0 * p.mirostat_tau for p in self.params], dtype=mx.float32)
         self._gstates: list[int] | None = None  # each row's grammar state (built when first used)
 
+    def reset_grammar(self) -> None:
+        """Start every row's grammar again from the beginning (for a new reply)."""
+        self._gstates = None
+
     # ---- public API -----------------------------------------------------------------------
 
     def distribution(self, logits: mx.array, history: History = None) -> mx.array:

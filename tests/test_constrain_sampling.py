@@ -1,0 +1,202 @@
+"""Grammars in the sampler: the constrained distribution, both strategies, batches, errors."""
+
+import dataclasses
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy import stats
+
+from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
+from tiny_llm.sampler import Sampler, SamplingParams
+
+EOS = 0
+# 64 tokens: the end of sequence, a special token, and short pieces of letters and braces.
+_rng = np.random.default_rng(3)
+TOKENS = [b"<eos>", None] + list(dict.fromkeys(
+    bytes(_rng.choice(list(b"abcxy{}"), size=_rng.integers(1, 4)).tolist()) for _ in range(200)))[:62]
+TABLE = TokenTable(TOKENS, eos_token_ids=[EOS])
+V = len(TOKENS)
+GRAMMAR = Grammar.from_gbnf('root ::= ([abcx] | "{" [ab]* "}")* "y"')
+
+
+def with_grammar(params: SamplingParams, **more) -> SamplingParams:
+    return dataclasses.replace(params, grammar=GRAMMAR, **more)
+
+
+def allowed(state=None) -> np.ndarray:
+    m = TokenMatcher(GRAMMAR, TABLE)
+    return m.mask(m.start if state is None else state)
+
+
+def logits(seed: int, B: int = 1) -> mx.array:
+    return mx.array(np.random.default_rng(seed).normal(0, 2, (B, V)).astype(np.float32))
+
+
+CHAINS = {
+    "plain": SamplingParams(),
+    "temperature": SamplingParams(temperature=0.6),
+    "top-k": SamplingParams(top_k=8, temperature=1.3),
+    "llama.cpp": SamplingParams(top_k=20, top_p=0.9, min_p=0.05, temperature=0.8),
+    "hf": SamplingParams(top_k=20, top_p=0.8, temperature=0.7, order="hf"),
+    "penalties": SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, top_p=0.95),
+    "typical + top-n-sigma": SamplingParams(typical_p=0.7, top_n_sigma=1.5),
+}
+
+
+@pytest.mark.parametrize("name", CHAINS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_constrained_distribution_is_the_unconstrained_one_renormalised(name, seed):
+    x, history = logits(seed), [[3, 4, 5, 3]]
+    params = CHAINS[name]
+    base = np.array(Sampler(params).distribution(x, history))[0].astype(np.float64)
+    mask = allowed()
+    assert 0 < mask.sum() < V
+    got = np.array(Sampler(with_grammar(params), TABLE).distribution(x, history))[0]
+    assert np.all(got[~mask] == 0)
+    if (base * mask).sum() > 0:
+        expected = base * mask / (base * mask).sum()
+    else:  # the chain's filters left no allowed token: the chain runs on the masked logits
+        masked = mx.where(mx.array(mask)[None], x, -math.inf)
+        expected = np.array(Sampler(params).distribution(masked, history))[0]
+    # float32 renormalisation rounds differently from float64: a few ulps apart.
+    np.testing.assert_allclose(got, expected, rtol=2e-6, atol=1e-7)
+    assert got.sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_greedy_takes_the_best_allowed_token():
+    x = logits(3)
+    mask = allowed()
+    order = np.argsort(-np.array(x)[0])
+    assert not mask[order[0]]  # the overall argmax is not allowed (seed chosen so)
+    best = next(int(t) for t in order if mask[t])
+    s = Sampler(with_grammar(SamplingParams(temperature=0.0)), TABLE)
+    assert np.array(s.distribution(x))[0].tolist() == [float(i == best) for i in range(V)]
+    for first in (False, True):
+        s = Sampler(with_grammar(SamplingParams(temperature=0.0), grammar_first=first), TABLE)
+        assert s.sample(x).item() == best
+
+
+def test_top_k_that_cuts_every_allowed_token_runs_on_the_masked_logits():
+    x = logits(3)
+    mask = allowed()
+    order = [int(t) for t in np.argsort(-np.array(x)[0])]
+    assert not mask[order[0]] and not mask[order[1]]
+    params = SamplingParams(top_k=2, seed=1)
+    got = np.array(Sampler(with_grammar(params), TABLE).distribution(x))[0]
+    best2 = [t for t in order if mask[t]][:2]
+    assert set(np.flatnonzero(got)) == set(best2)
+
+
+def draws(params: SamplingParams, x: mx.array, n: int) -> np.ndarray:
+    """`n` tokens, one per row, each row with its own seed."""
+    rows = [dataclasses.replace(params, seed=1000 + i) for i in range(n)]
+    kw = {"tokenizer": TABLE} if params.grammar else {}
+    return np.array(Sampler(rows, **kw).sample(mx.repeat(x, n, axis=0)))
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize("name", ["plain", "top-k", "llama.cpp"])
+def test_both_strategies_sample_the_constrained_distribution(name, first):
+    x, n = logits(11), 4000
+    params = with_grammar(CHAINS[name], grammar_first=first)
+    target = np.array(Sampler(params, TABLE).distribution(x))[0].astype(np.float64)
+    tokens = draws(params, x, n)
+    counts = np.bincount(tokens, minlength=V)
+    assert counts[target == 0].sum() == 0
+    keep = target > 0
+    p = stats.chisquare(counts[keep], target[keep] / target[keep].sum() * n).pvalue
+    assert p > 1e-4, (name, first, p)
+
+
+def test_check_strategy_keeps_every_allowed_first_draw():
+    x, n = logits(11), 400
+    plain = draws(CHAINS["top-k"], x, n)
+    checked = draws(with_grammar(CHAINS["top-k"]), x, n)
+    mask = allowed()
+    kept = mask[plain]
+    assert 0 < kept.sum() < n  # some first draws are allowed, some are not
+    assert np.array_equal(checked[kept], plain[kept])
+    assert mask[checked].all()
+
+
+def test_end_of_sequence_only_where_the_grammar_is_complete():
+    table = TokenTable([b"<eos>", b"a", b"b", b"ab"], eos_token_ids=[0])
+    s = Sampler(SamplingParams(temperature=0.0, grammar=Grammar.from_gbnf('root ::= "a" "b"?')), table)
+    x = mx.array([[9.0, 1.0, 2.0, 3.0]])  # the model wants to stop at once
+    assert s.sample(x).item() == 3  # "ab": end-of-sequence is not allowed yet
+    assert s.sample(x).item() == 0  # the text is complete: only the end is left
+    x = mx.array([[-9.0, 1.0, 2.0, 3.0]])
+    s.reset_grammar()
+    assert s.sample(x).item() == 3 and s.sample(x).item() == 0
+
+
+def test_logprobs_come_from_the_constrained_distribution():
+    x = logits(4)
+    params = with_grammar(SamplingParams(temperature=0.8, seed=3, logprobs=3))
+    probs = np.array(Sampler(params, TABLE).distribution(x))[0]
+    r = Sampler(params, TABLE).sample_with_logprobs(x)
+    token = r.tokens.item()
+    assert probs[token] > 0
+    assert r.logprob.item() == pytest.approx(math.log(probs[token]), abs=1e-5)
+    assert np.array(r.top_tokens)[0].tolist() == np.argsort(-probs, kind="stable")[:3].tolist()
+
+
+def test_rows_keep_their_own_grammar_state_in_a_batch():
+    x = logits(6, B=2)
+    grammar_row = with_grammar(SamplingParams(temperature=0.9, seed=5))
+    plain_row = SamplingParams(temperature=0.9, seed=6)
+    together = Sampler([grammar_row, plain_row], TABLE)
+    alone = [Sampler(grammar_row, TABLE), Sampler(plain_row)]
+    for _ in range(3):
+        both = together.sample(x).tolist()
+        assert both == [alone[0].sample(x[:1]).item(), alone[1].sample(x[1:]).item()]
+    # A row that leaves the batch, and joins another one, goes on where it was.
+    moved = Sampler.concat([Sampler([plain_row]), together.select([0])])
+    assert moved.sample(x[::-1]).tolist()[1] == alone[0].sample(x[:1]).item()
+
+
+def test_shared_params_give_every_row_its_own_state():
+    table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
+    s = Sampler(SamplingParams(temperature=0.0, grammar=Grammar.from_gbnf('root ::= "a" "b"')), table)
+    x = mx.array([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
+    assert s.sample(x).tolist() == [1, 1]
+    assert s.sample(x).tolist() == [2, 2]
+    assert s.sample(x).tolist() == [0, 0]
+
+
+def test_generated_text_follows_the_grammar():
+    s = Sampler(with_grammar(SamplingParams(temperature=1.5, seed=9)), TABLE)
+    text = b""
+    for step in range(40):
+        token = s.sample(logits(100 + step)).item()
+        if token == EOS:
+            break
+        text += TOKENS[token]
+    assert token == EOS and GRAMMAR.accepts(text.decode())
+
+
+def test_grammar_errors():
+    with pytest.raises(ValueError, match="grammar must be a tiny_llm.constrain.Grammar .* got str"):
+        SamplingParams(grammar='root ::= "a"')
+    with pytest.raises(ValueError, match="grammar_first must be True or False, got 1"):
+        SamplingParams(grammar=GRAMMAR, grammar_first=1)
+    with pytest.raises(ValueError, match="grammar does not combine with mirostat=2"):
+        SamplingParams(grammar=GRAMMAR, mirostat=2)
+    with pytest.raises(ValueError, match="grammar needs the vocabulary: pass tokenizer="):
+        Sampler(SamplingParams(grammar=GRAMMAR))
+
+
+def test_a_grammar_no_token_can_follow_is_an_error():
+    s = Sampler(SamplingParams(grammar=Grammar.from_gbnf('root ::= "z"')), TABLE)
+    with pytest.raises(ValueError, match="row 0: the grammar allows no token here"):
+        s.sample(logits(0))
+
+
+def test_allowed_tokens_all_at_minus_infinity_is_an_error():
+    mask = allowed()
+    bias = {int(t): -math.inf for t in np.flatnonzero(mask)}
+    s = Sampler(with_grammar(SamplingParams(logit_bias=bias)), TABLE)
+    with pytest.raises(ValueError, match="row 0: every token the grammar allows has logit -inf"):
+        s.sample(logits(0))
