@@ -1,0 +1,604 @@
+"""JSON schema to GBNF: the grammar's verdict on many texts, checked against JSON Schema itself.
+
+Every text in the table has an expected verdict for `Grammar.accepts`; the same verdict must
+come from `json.loads` + a JSON Schema validator (with format checks), unless the row names a
+reason why the grammar knowingly differs (property order, closed objects, bounded digits and
+whitespace, ...). A reason also has to be right: for such rows the validator must disagree.
+"""
+
+import functools
+import json
+import re
+
+import jsonschema
+import pytest
+
+from tiny_llm.constrain import Grammar
+from tiny_llm.constrain.json_schema import json_schema_to_gbnf
+
+# ---- the oracle: json.loads + jsonschema --------------------------------------------------
+
+FORMAT_CHECKER = jsonschema.FormatChecker(["date", "uuid"])
+RFC3339_TIME = re.compile(r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)",
+                          re.ASCII)
+
+
+@FORMAT_CHECKER.checks("time")
+def _is_time(text) -> bool:
+    return not isinstance(text, str) or RFC3339_TIME.fullmatch(text) is not None
+
+
+@FORMAT_CHECKER.checks("date-time")
+def _is_date_time(text) -> bool:
+    if not isinstance(text, str):
+        return True
+    return (len(text) > 11 and text[10] in "Tt" and FORMAT_CHECKER.conforms(text[:10], "date")
+            and RFC3339_TIME.fullmatch(text[11:]) is not None)
+
+
+def schema_valid(schema, text: str) -> bool:
+    """Whether `text` is JSON (as Python reads it) that validates against `schema`."""
+    try:
+        instance = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return jsonschema.Draft202012Validator(schema, format_checker=FORMAT_CHECKER).is_valid(instance)
+
+
+def forms(value) -> list[str]:
+    """`value` as json.dumps writes it: default separators, indented, compact."""
+    return [json.dumps(value), json.dumps(value, indent=2), json.dumps(value, separators=(",", ":"))]
+
+
+# ---- why a verdict may differ from JSON Schema's -------------------------------------------
+
+ORDER = "stricter: properties come in the listed order, extra pairs after them"
+CLOSED = "stricter: no other keys when 'properties' has no 'additionalProperties'"
+DIGITS = "stricter: integer and fraction parts have at most 16 digits"
+EXPONENT = "stricter: exponents are written without leading zeros"
+LEADING = "stricter: no whitespace before the top-level value"
+SPACE = "stricter: whitespace is one blank or a newline and at most 20 blanks or tabs"
+SPELLING = "stricter: enum and const values only in their compact json.dumps spelling"
+FRACTION = "stricter: an integer is written without a fraction"
+MINUS_ZERO = "stricter: -0 is not written where only non-negative numbers are allowed"
+KEY_ESCAPE = "stricter: keys of extra pairs use no \\/ or \\u escapes"
+DUPLICATE = "stricter: a listed key is written once (json.loads keeps the last)"
+NAN = "stricter: NaN is not JSON (json.loads reads it anyway)"
+UNTYPED = "stricter: without 'type' the keywords' own type is the only one allowed"
+ONE_OF = "looser: oneOf is an alternation, so a text valid under two branches passes"
+SURROGATE = "a \\u escape counts as one character, so a surrogate pair counts two, not one"
+DAY = "looser: the day of a date is not checked against its month"
+TIME_DIGITS = "stricter: at most 9 digits of fractions of a second"
+LEAP = "stricter: no leap second 60"
+
+# ---- schemas and texts --------------------------------------------------------------------
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "pattern": "^[a-z.]+@[a-z]+\\.[a-z]{2,3}$"},
+        "address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+            "required": ["city"],
+        },
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+TREE = {
+    "$ref": "#/$defs/node",
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+            },
+            "required": ["value"],
+            "additionalProperties": False,
+        },
+    },
+}
+LINKED_LIST = {  # recursion through the whole document, '#'
+    "type": "object",
+    "properties": {"head": {"type": "string"}, "tail": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+    "required": ["head", "tail"],
+    "additionalProperties": False,
+}
+POSITIVE_LIST = {
+    "definitions": {"positive": {"type": "integer", "exclusiveMinimum": 0}},
+    "type": "array",
+    "items": {"allOf": [{"$ref": "#/definitions/positive"}], "description": "a count"},
+}
+OPTIONAL_ONLY = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "null"}},
+}
+EXTRA_NUMBERS = {
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "label": {"type": "string"}},
+    "required": ["id"],
+    "additionalProperties": {"type": "number"},
+}
+EXTRA_ANY = {
+    "type": "object",
+    "properties": {"a": {"type": "boolean"}, "secret": False},
+    "additionalProperties": True,
+}
+
+TABLE = [
+    ("person", PERSON, [
+        {"name": "Ada Lovelace", "age": 36, "email": "ada@math.org",
+         "address": {"street": "12 St James's Sq", "city": "London"}, "tags": ["math", "poet"]},
+        {"name": "A", "age": 0},
+        {"name": "Bob", "age": 150, "tags": []},
+        {"name": "Zoë", "age": 7, "address": {"city": "Köln"}},
+        {"name": 'Tab\there "q"', "age": 1, "email": "a.b@c.de"},
+        {"name": "x" * 20, "age": 99, "tags": ["abcdefgh", "", "z"]},
+    ], [
+        ('{"name": "Zoë", "age": 7}', True),
+        ('{"name": "A", "age": 1}\n', True),
+        ('{"name": "A",\n\t"age": 1}', True),
+        ('{"age": 36}', False),
+        ('{"name": "Ada"}', False),
+        ('{"name": "Ada", "age": "36"}', False),
+        ('{"name": "Ada", "age": 36.5}', False),
+        ('{"name": "Ada", "age": 151}', False),
+        ('{"name": "Ada", "age": -1}', False),
+        ('{"name": "", "age": 1}', False),
+        ('{"name": "' + "x" * 21 + '", "age": 1}', False),
+        ('{"name": "Ada", "age": 36, "tags": ["a", "b", "c", "d"]}', False),
+        ('{"name": "Ada", "age": 36, "tags": ["abcdefghi"]}', False),
+        ('{"name": "Ada", "age": 36, "tags": [1]}', False),
+        ('{"name": "Ada", "age": 36, "nick": "A"}', False),
+        ('{"name": "Ada", "age": 36,}', False),
+        ('{name: "Ada", "age": 36}', False),
+        ('{"name": "Ada", "age": 036}', False),
+        ("{'name': 'Ada', 'age': 36}", False),
+        ('{"name": "Ada", "age": 36, "email": "ADA@x.org"}', False),
+        ('{"name": "Ada", "age": 36, "email": "ada@x.info"}', False),
+        ('{"name": "Ada", "age": 36, "address": {"street": "Main"}}', False),
+        ('{"name": "Ada", "age": 36, "address": {"city": 5}}', False),
+        ('{"name": "a\x01", "age": 1}', False),
+        ('{"name": "a\\q", "age": 1}', False),
+        ('{"name": "A", "age": 1} x', False),
+        ('{"name": "A", "age": 1}{}', False),
+        ("", False),
+        ('{"age": 36, "name": "Ada"}', False, ORDER),
+        ('{"name": "A", "age": 1, "address": {"city": "X", "zip": "1"}}', False, CLOSED),
+        ('{"name": "A", "age": 36.0}', False, FRACTION),
+        (' {"name": "A", "age": 1}', False, LEADING),
+        ('{"name": "A",\n' + " " * 21 + '"age": 1}', False, SPACE),
+        ('{"name": "A",\r\n"age": 1}', False, SPACE),
+        ('{"name": "A",\n\n"age": 1}', False, SPACE),
+        ('{"name": "A" ,  "age": 1}', False, SPACE),
+    ]),
+    ("tree", TREE, [
+        {"value": 1},
+        {"value": 1, "children": []},
+        {"value": -5, "children": [{"value": 2}, {"value": 3, "children": [{"value": 4, "children": []}]}]},
+    ], [
+        ('{"value": 1, "children": [{}]}', False),
+        ('{"children": []}', False),
+        ('{"value": 1, "children": [{"value": "x"}]}', False),
+        ('{"value": 1, "children": [{"value": 2},]}', False),
+        ('{"value": 1, "children": {"value": 2}}', False),
+    ]),
+    ("linked-list", LINKED_LIST, [
+        {"head": "a", "tail": None},
+        {"head": "a", "tail": {"head": "b", "tail": {"head": "c", "tail": None}}},
+    ], [
+        ('{"head": "a"}', False),
+        ('{"head": "a", "tail": {"head": "b"}}', False),
+        ('{"head": "a", "tail": []}', False),
+    ]),
+    ("positive-list", POSITIVE_LIST, [[], [1, 2, 3], [9999999999999999]], [
+        ("[0]", False),
+        ("[-1]", False),
+        ("[1.5]", False),
+        ("[10000000000000000]", False, DIGITS),
+        ("[1.0]", False, FRACTION),
+    ]),
+    ("optional-only", OPTIONAL_ONLY, [
+        {}, {"a": 1}, {"b": "x"}, {"c": None}, {"a": 1, "c": None}, {"a": 1, "b": "x", "c": None},
+    ], [
+        ("{ }", True),
+        ('{"a": null}', False),
+        ("{,}", False),
+        ('{"a": 1,}', False),
+        ('{"c": null, "a": 1}', False, ORDER),
+        ('{"d": 1}', False, CLOSED),
+        ('{"a": 1, "a": 2}', False, DUPLICATE),
+    ]),
+    ("extra-numbers", EXTRA_NUMBERS, [
+        {"id": 1}, {"id": 1, "label": "x"}, {"id": 1, "x": 1.5, "y": -2},
+        {"id": 1, "label": "a", "idx": 3}, {"id": 2, "i": 0, "": 0.25},
+        {"id": 3, "lab": 2, "labels": 3, "Label": 4, "la\"bel": 5},
+    ], [
+        ('{"id": 1, "x": 1e-07}', False, EXPONENT),  # json.dumps(1e-7)
+        ('{"id": 1, "x": "s"}', False),
+        ('{"label": "x"}', False),
+        ('{"id": 1, "labe\\u006c": 5}', False),
+        ('{"id": 1, "label": "x", "label": 2}', False),
+        ('{"id": 1, "x": 1, "label": "a"}', False, ORDER),
+        ('{"id": 1, "id": 2}', False, DUPLICATE),
+        ('{"id": 1, "la\\/bel": 2}', False, KEY_ESCAPE),
+        ('{"id": 1, "\\u00e9": 2}', False, KEY_ESCAPE),
+    ]),
+    ("extra-any", EXTRA_ANY, [
+        {}, {"a": True}, {"a": False, "b": [1, {"c": None}], "d": "e"}, {"z": 1}, {"secrets": 0},
+    ], [
+        ('{"a": 1}', False),
+        ('{"secret": 1}', False),
+        ('{"a": true, "secret": null}', False),
+        ('{"b": 1, "a": true}', False, ORDER),
+    ]),
+    ("map", {"type": "object", "additionalProperties": {"type": "integer"}}, [
+        {}, {"x": 1, "y": -2}, {"": 0, "é": 5},
+    ], [
+        ('{"x": "1"}', False),
+        ('{"x": 1.5}', False),
+        ("[]", False),
+    ]),
+    ("required-unlisted", {"type": "object", "required": ["id"]}, [
+        {"id": 5}, {"id": "x", "more": [1]},
+    ], [
+        ("{}", False),
+        ('{"more": 1}', False),
+        ('{"more": 1, "id": 2}', False, ORDER),
+    ]),
+    ("any-object", {"type": "object"}, [{}, {"a": {"b": [None]}}], [("[]", False), ('"{}"', False)]),
+    ("any-array", {"type": "array"}, [[], [1, "a", [None, {}]]], [("{}", False), ("[1,,2]", False)]),
+    ("any", {}, [1, -2.5, "x", None, True, [], {"a": [1, {"b": None}]}], [
+        ("1E+2", True),
+        ("-0", True),
+        ("0.5e-3", True),
+        ("01", False),
+        ("nul", False),
+        ("[1,]", False),
+        ('{"a"}', False),
+        ("'a'", False),
+        ("NaN", False, NAN),
+        ("Infinity", False, NAN),
+        ("1e05", False, EXPONENT),
+        ("12345678901234567", False, DIGITS),
+        ("0.12345678901234567", False, DIGITS),
+    ]),
+    ("annotations", {
+        "title": "T", "description": "d", "examples": [1], "default": 1, "$comment": "c",
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "https://example.com/t",
+        "deprecated": False, "readOnly": True, "writeOnly": False, "x-custom": {"not": {}},
+        "type": "integer", "format": "int32",
+    }, [1, -7], [('"1"', False), ("1.5", False)]),
+    ("enum", {"enum": ["red", "green", "blue", 42, None, True, [1, 2], {"a": "b"}, "é", 'say "hi"\n']}, [
+        "red", 42, None, True, 'say "hi"\n',
+    ], [
+        ("[1,2]", True),
+        ('{"a":"b"}', True),
+        ('"é"', True),
+        ('"Red"', False),
+        ("43", False),
+        ("false", False),
+        ('"red green"', False),
+        ("[1, 2]", False, SPELLING),
+        ('{"a": "b"}', False, SPELLING),
+        ('"\\u00e9"', False, SPELLING),
+        ("42.0", False, SPELLING),
+    ]),
+    ("typed-enum", {"type": "string", "enum": ["a", 1, "b"]}, ["a", "b"], [("1", False), ('"c"', False)]),
+    ("enum-and-const", {"enum": [True, 1, 2], "const": 1.0}, [1], [("true", False), ("2", False)]),
+    ("const", {"const": {"x": [1, "two"]}}, [], [
+        ('{"x":[1,"two"]}', True),
+        ('{"x":[1,"two"]} ', True),
+        ('{"x":[1]}', False),
+        ('{"x": [1, "two"]}', False, SPELLING),
+    ]),
+    ("any-of", {"anyOf": [
+        {"type": "string", "maxLength": 3}, {"type": "integer", "minimum": 10}, {"type": "null"},
+    ]}, [
+        "abc", "", 10, 9999999, None,
+    ], [
+        ('"abcd"', False),
+        ("9", False),
+        ("-10", False),
+        ("true", False),
+        ("10.5", False),
+    ]),
+    ("one-of", {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}, [-1, 2.5, 0.001], [
+        ("-2.5", False),
+        ('"1"', False),
+        ("5", True, ONE_OF),
+    ]),
+    ("type-list", {"type": ["string", "null"], "maxLength": 2}, ["ab", "", None], [
+        ('"abc"', False),
+        ("1", False),
+    ]),
+    ("integer-or-boolean", {"type": ["integer", "boolean"]}, [3, -3, False, True], [
+        ('"3"', False),
+        ("null", False),
+        ("3.5", False),
+        ("True", False),
+    ]),
+    ("number", {"type": "number"}, [0, -1, 3.25, 1e10, -0.5, 123456789012345.6], [
+        ("1E-7", True),
+        ("1e+10", True),
+        ("9999999999999999", True),
+        ("1.", False),
+        (".5", False),
+        ("+1", False),
+        ("- 1", False),
+        ("0x10", False),
+        ('"1"', False),
+        ("1e05", False, EXPONENT),
+        ("12345678901234567", False, DIGITS),
+        ("0.12345678901234567", False, DIGITS),
+    ]),
+    ("non-negative-number", {"type": "number", "minimum": 0}, [0, 0.5, 12, 0.001], [
+        ("0.0", True),
+        ("1e-5", True),
+        ("-1", False),
+        ("-0.5", False),
+        ("-1e-5", False),
+        ("-0", False, MINUS_ZERO),
+    ]),
+    ("integer-range", {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 1000}, [-2, 0, 999], [
+        ("-3", False),
+        ("1000", False),
+        ("5.5", False),
+        ("-0", False, MINUS_ZERO),
+        ("5.0", False, FRACTION),
+    ]),
+    ("bounded-array", {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4}, [
+        [1, 2], [1, 2, 3, 4],
+    ], [
+        ("[1]", False),
+        ("[]", False),
+        ("[1,2,3,4,5]", False),
+        ('[1, "2"]', False),
+        ("[1,2,]", False),
+        ("[,1,2]", False),
+        ("[1 2]", False),
+    ]),
+    ("tuple", {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}, [
+        [], ["a"], ["a", 1],
+    ], [
+        ('["a", 1, 2]', False),
+        ("[1]", False),
+        ('["a", "b"]', False),
+    ]),
+    ("tuple-rest", {
+        "type": "array", "prefixItems": [{"const": "cmd"}], "items": {"type": "boolean"}, "minItems": 2,
+    }, [
+        ["cmd", True], ["cmd", True, False, True],
+    ], [
+        ('["cmd"]', False),
+        ("[]", False),
+        ('["x", true]', False),
+        ('["cmd", 1]', False),
+    ]),
+    ("string-length", {"type": "string", "minLength": 2, "maxLength": 3}, ["ab", "a\n", "éé1"], [
+        ('"\\u00e9\\u00e9x"', True),
+        ('"a"', False),
+        ('"abcd"', False),
+        ('"\\u00e9"', False),
+        ('"😀"', False),
+        ('"😀😀"', True),
+        ('"\\ud83d\\ude00"', True, SURROGATE),  # looser: 2 here, 1 for JSON Schema
+        ('"\\ud83d\\ude00\\ud83d\\ude00"', False, SURROGATE),  # stricter: 4 here, 2 for JSON Schema
+    ]),
+    ("pattern", {"type": "string", "pattern": "[0-9]{3}"}, ["123", "ab123cd", "x1234"], [
+        ('"12"', False),
+        ('"ab12c3"', False),
+        ("123", False),
+    ]),
+    ("pattern-anchors", {"pattern": "^ab|cd$"}, ["ab", "abx", "xcd", "cd"], [
+        ('"xab"', False),
+        ('"cdx"', False),
+        ('"a"', False),
+        ("5", False, UNTYPED),
+    ]),
+    ("date", {"type": "string", "format": "date"}, ["2024-02-29", "1999-12-31"], [
+        ('"2024-13-01"', False),
+        ('"2024-1-01"', False),
+        ('"24-01-01"', False),
+        ('"2024-02-30"', True, DAY),
+    ]),
+    ("time", {"type": "string", "format": "time"}, ["23:59:59Z", "00:00:00.123+05:30", "12:00:00.5-01:00"], [
+        ('"24:00:00Z"', False),
+        ('"12:00:00"', False),
+        ('"12:60:00Z"', False),
+        ('"12:00:00.1234567890Z"', False, TIME_DIGITS),
+        ('"23:59:60Z"', False, LEAP),
+    ]),
+    ("date-time", {"type": "string", "format": "date-time"}, [
+        "2024-02-29T12:00:00Z", "1999-12-31T23:59:59.9+01:00",
+    ], [
+        ('"2024-02-29 12:00:00Z"', False),
+        ('"2024-02-29T12:00Z"', False),
+        ('"2024-02-29"', False),
+    ]),
+    ("uuid", {"type": "string", "format": "uuid"}, [
+        "123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000",
+    ], [
+        ('"123e4567e89b12d3a456426614174000"', False),
+        ('"123e4567-e89b-12d3-a456-42661417400g"', False),
+    ]),
+    ("boolean-or-null", {"type": ["boolean", "null"]}, [True, False, None], [
+        ('"true"', False),
+        ("0", False),
+    ]),
+    ("true", True, [1, "x", None, [{}]], [("", False), ("tru", False)]),
+]
+SCHEMAS = {name: schema for name, schema, _, _ in TABLE}
+
+
+def _rows():
+    for name, _, values, texts in TABLE:
+        rows = [(text, True, None) for value in values for text in forms(value)]
+        rows += [(t[0], t[1], t[2] if len(t) > 2 else None) for t in texts]
+        for i, (text, expected, why) in enumerate(rows):
+            yield pytest.param(name, text, expected, why, id=f"{name}-{i}")
+
+
+@functools.cache
+def grammar(name: str) -> Grammar:
+    return Grammar.from_json_schema(SCHEMAS[name])
+
+
+@pytest.mark.parametrize("name, text, expected, why", list(_rows()))
+def test_verdicts_match_json_schema(name, text, expected, why):
+    assert grammar(name).accepts(text) == expected
+    assert schema_valid(SCHEMAS[name], text) == (expected if why is None else not expected), why
+
+
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0},
+    {"maximum": 100},
+    {"minimum": -15, "maximum": 123},
+    {"exclusiveMinimum": -1000, "exclusiveMaximum": -13},
+    {"minimum": 7, "maximum": 7},
+    {"minimum": 3, "maximum": 1234567},
+    {"minimum": 2.5, "exclusiveMaximum": 99.5},
+    {"minimum": 99, "maximum": 1001, "exclusiveMaximum": 1000},
+    {"minimum": -10**20},
+])
+def test_integer_ranges_match_brute_force(bounds):
+    schema = {"type": "integer", **bounds}
+    accepts = Grammar.from_json_schema(schema).accepts
+    validator = jsonschema.Draft202012Validator(schema)
+    edges = [s * (10**k + d) for k in range(1, 18) for d in (-1, 0, 1) for s in (1, -1)]
+    for n in [*range(-1100, 1100), 1234566, 1234567, 1234568, *edges]:
+        assert accepts(str(n)) == (validator.is_valid(n) and len(str(abs(n))) <= 16), n
+
+
+def test_integer_range_grammar_is_exact_text():
+    assert json_schema_to_gbnf({"type": "integer", "minimum": -15, "maximum": 123}) == (
+        'root ::= ( "-" ( [1-9] | "1" [0-5] ) | "0" | [1-9] [0-9]?'
+        ' | "1" ( [0-1] [0-9] | "2" [0-3] ) ) space\n'
+        'space ::= | " " | "\\n" [ \\t]{0,20}\n'
+    )
+
+
+def test_exact_gbnf_for_a_required_property():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert json_schema_to_gbnf(schema) == r'''root ::= "{" space root-name-kv "}" space
+char ::= [^"\x5C\x7F\x00-\x1F] | "\\" (["\x5C/bfnrt] | "u" [0-9a-fA-F]{4})
+root-name-kv ::= "\"name\"" space ":" space string
+space ::= | " " | "\n" [ \t]{0,20}
+string ::= "\"" char* "\"" space
+'''
+
+
+def test_exact_gbnf_for_optional_properties_and_extra_pairs():
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 12}, "tag": {"enum": ["a", "b"]}},
+        "additionalProperties": {"type": "boolean"},
+    }
+    other = r'[^"\x5C\x7F\x00-\x1F'
+    escapes = r'"\\" [\x22\x5Cbfnrt]'
+    assert json_schema_to_gbnf(schema) == (
+        'root ::= "{" space ( root-n-kv ( "," space root-tag-kv )? ( "," space root-additional-kv )*'
+        ' | root-tag-kv ( "," space root-additional-kv )*'
+        ' | root-additional-kv ( "," space root-additional-kv )* )? "}" space\n'
+        'boolean ::= ("true" | "false") space\n'
+        r'key-char ::= [^"\x5C\x7F\x00-\x1F] | "\\" ["\x5Cbfnrt]' "\n"
+        r'root-additional-k ::= "\"" ( "n" key-char+'
+        f' | "t" ( "a" ( "g" key-char+ | ( {other}g] | {escapes} ) key-char* )?'
+        f' | ( {other}a] | {escapes} ) key-char* )?'
+        f' | ( {other}nt] | {escapes} ) key-char* )?'
+        r' "\"" space' "\n"
+        'root-additional-kv ::= root-additional-k ":" space boolean\n'
+        'root-n ::= ( [1-9] | "1" [0-2] ) space\n'
+        r'root-n-kv ::= "\"n\"" space ":" space root-n' "\n"
+        r'root-tag ::= ( "\"a\"" | "\"b\"" ) space' "\n"
+        r'root-tag-kv ::= "\"tag\"" space ":" space root-tag' "\n"
+        'space ::= | " " | "\\n" [ \\t]{0,20}\n'
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_output_is_deterministic_and_well_formed(name):
+    text = json_schema_to_gbnf(SCHEMAS[name])
+    assert text == json_schema_to_gbnf(json.loads(json.dumps(SCHEMAS[name])))
+    names = [line.split(" ::= ")[0] for line in text.splitlines()]
+    assert names[0] == "root" and names[1:] == sorted(names[1:])
+    assert len(set(names)) == len(names)
+    assert all(re.fullmatch(r"[a-zA-Z0-9-]+", n) for n in names)
+
+
+def test_json_text_and_true_schema():
+    assert json_schema_to_gbnf(json.dumps(PERSON)) == json_schema_to_gbnf(PERSON)
+    assert json_schema_to_gbnf(True) == json_schema_to_gbnf({}) == json_schema_to_gbnf("{}")
+    assert json_schema_to_gbnf(TREE).splitlines()[0] == "root ::= defs-node"
+    assert "defs-node ::= " in json_schema_to_gbnf(TREE)
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "object", "properties": {"age": {"type": "integer", "not": {"const": 3}}}},
+     "'not' at #/properties/age is not supported"),
+    ({"if": {"type": "string"}, "then": {"minLength": 1}}, "'if' at # is not supported"),
+    ({"type": "object", "patternProperties": {"^x": {}}}, "'patternProperties' at # is not supported"),
+    ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired' at # is not supported"),
+    ({"type": "array", "items": {"type": "array", "uniqueItems": True}},
+     "'uniqueItems' at #/items is not supported"),
+    ({"type": "number", "multipleOf": 2}, "'multipleOf' at # is not supported"),
+    ({"type": "object", "minProperties": 1}, "'minProperties' at # is not supported"),
+    ({"type": "object", "maxProperties": 1}, "'maxProperties' at # is not supported"),
+    ({"type": "array", "contains": {"type": "null"}}, "'contains' at # is not supported"),
+    ({"type": "object", "propertyNames": {"maxLength": 3}}, "'propertyNames' at # is not supported"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "array", "uniqueItems": True}}},
+     "'uniqueItems' at #/$defs/a is not supported"),
+    ({"$ref": "https://example.com/s.json"}, "'$ref' at # is 'https://example.com/s.json'; only local"),
+    ({"properties": {"p": {"$ref": "#/$defs/missing"}}, "$defs": {}},
+     "'$ref' at #/properties/p ('#/$defs/missing') does not resolve"),
+    ({"anyOf": [{"$ref": "#/definitions/a"}],
+      "definitions": {"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}}},
+     "'$ref' at #/anyOf/0 leads back to itself"),
+    ({"$ref": 5}, "'$ref' at # must be a string"),
+    (5, "a schema is an object or a boolean, got int"),
+    ([{"type": "string"}], "a schema is an object or a boolean, got list"),
+    (None, "a schema is an object or a boolean, got NoneType"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "a schema is an object or a boolean, got list"),
+    (False, "the schema at # is false"),
+    ({"properties": {"a": 5}}, "the schema at #/properties/a is a int"),
+    ({"type": "strng"}, "'type' at # names an unknown type 'strng'"),
+    ({"type": []}, "'type' at # must be a type name"),
+    ({"properties": {"s": {"type": "string", "minLength": 5, "maxLength": 2}}},
+     "'minLength' at #/properties/s is greater than 'maxLength'"),
+    ({"type": "string", "maxLength": -1}, "'maxLength' at # must be a non-negative integer"),
+    ({"type": "array", "minItems": 3, "maxItems": 2}, "'minItems' at # asks for more items"),
+    ({"type": "array", "prefixItems": [{}, False], "minItems": 2}, "'minItems' at # asks for more items"),
+    ({"type": "array", "items": [{"type": "string"}]}, "'items' at # is a list"),
+    ({"type": "object", "properties": {"a": {}}, "required": ["a", "b"], "additionalProperties": False},
+     "'required' at # names 'b', which is not in 'properties', and 'additionalProperties' is false"),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "property 'a' at # is required"),
+    ({"type": "object", "required": "a"}, "'required' at # must be a list of strings"),
+    ({"type": "object", "properties": []}, "'properties' at # must be an object"),
+    ({"type": "object", "additionalProperties": 3}, "'additionalProperties' at # must be a schema"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "'allOf' at # with 2 schemas is not supported"),
+    ({"type": "string", "anyOf": [{"maxLength": 3}]}, "'type' next to 'anyOf' at # is not supported"),
+    ({"anyOf": []}, "'anyOf' at # must be a non-empty list"),
+    ({"properties": {"n": {"type": "number", "maximum": 5}}},
+     "'maximum' at #/properties/n is not supported for numbers"),
+    ({"type": "number", "minimum": 1}, "'minimum' at # is not supported for numbers"),
+    ({"type": "integer", "minimum": 5, "maximum": 4}, "'minimum' and 'maximum' at # leave no integer"),
+    ({"type": "integer", "minimum": 10**16}, "'minimum' at # leave no integer of at most 16 digits"),
+    ({"type": "integer", "exclusiveMinimum": True}, "'exclusiveMinimum' at # must be a finite number"),
+    ({"enum": []}, "'enum' at # must be a non-empty list"),
+    ({"type": "string", "enum": [1, 2]}, "'enum', 'const' and 'type' at # leave no value"),
+    ({"type": "array", "items": {"enum": ["a"], "minLength": 1}}, "'minLength' next to 'enum' at #/items"),
+    ({"type": "object", "properties": {"code": {"type": "string", "pattern": "(?=a)b"}}},
+     "'pattern' at #/properties/code: regex:"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "'maxLength' next to 'pattern' at #"),
+    ({"type": "string", "format": "date", "minLength": 3}, "'minLength' next to 'format' at #"),
+    ({"type": "string", "format": 5}, "'format' at # must be a string"),
+])
+def test_errors_name_the_keyword_and_path(schema, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        json_schema_to_gbnf(schema)
