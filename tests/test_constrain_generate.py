@@ -1,0 +1,118 @@
+"""Constrained generation end to end on the default model, from Python and from the CLI.
+
+Each sampled generation takes a few seconds on a slow CPU; the JSON-schema test runs the
+twenty the course promises, the others fewer.
+"""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from tiny_llm import stream_generate
+from tiny_llm.batch import batch_generate
+from tiny_llm.constrain import Grammar
+from tiny_llm.sampler import SamplingParams
+
+from test_cli import NO_MODEL, assert_user_error, run_captured
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "maxLength": 24},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
+    },
+    "required": ["name", "age", "city"],
+}
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
+
+
+def chat(tokenizer, text: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+def test_twenty_json_schema_generations_parse_and_validate(default_model):
+    model, tokenizer = default_model
+    grammar = Grammar.from_json_schema(PERSON)
+    prompt = chat(tokenizer, "Describe a person as JSON.")
+    texts = []
+    for seed in range(20):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed, grammar=grammar)
+        pieces, finish = [], None
+        for r in stream_generate(model, tokenizer, prompt, 160, params=params):
+            pieces.append(r.text)
+            finish = r.finish_reason
+        assert finish == "stop", "".join(pieces)  # the grammar closed the object and ended it
+        texts.append("".join(pieces))
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(texts)) > 10  # sampled, not one text twenty times
+
+
+def test_regex_generations_match_in_full_in_a_batch(default_model):
+    model, tokenizer = default_model
+    grammar = Grammar.from_regex(PHONE)
+    prompts = [chat(tokenizer, "What is your phone number?")] * 6
+    params = [SamplingParams(temperature=1.0, seed=s, grammar=grammar) for s in range(6)]
+    result = batch_generate(model, tokenizer, prompts, 24, params=params)
+    assert result.finish_reasons == ["stop"] * 6
+    for text in result.texts:
+        assert re.fullmatch(PHONE, text), text
+    assert len(set(result.texts)) > 1
+
+
+def test_grammar_first_gives_the_same_greedy_text(default_model):
+    model, tokenizer = default_model
+    grammar = Grammar.from_gbnf('root ::= ("yes" | "no") ", because " [a-z ]{1,30} "."')
+    prompt = chat(tokenizer, "Is the sky blue?")
+    texts = []
+    for first in (False, True):
+        params = SamplingParams(temperature=0.0, grammar=grammar, grammar_first=first)
+        texts.append("".join(r.text for r in stream_generate(model, tokenizer, prompt, 40, params=params)))
+    assert texts[0] == texts[1]
+    assert grammar.accepts(texts[0]), texts[0]
+
+
+def test_speculative_decoding_refuses_a_grammar(default_model):
+    model, tokenizer = default_model
+    params = SamplingParams(grammar=Grammar.from_regex("a+"))
+    with pytest.raises(ValueError, match="speculative decoding does not take a grammar"):
+        next(stream_generate(model, tokenizer, "hi", 4, params=params, prompt_lookup=True))
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+
+def test_cli_json_schema_prints_valid_json(tmp_path):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    status, out, err = run_captured(["generate", "--json-schema", str(schema), "--prompt", "Describe a person"])
+    assert status == 0, err
+    jsonschema.validate(json.loads(out), PERSON)
+
+
+FILES = {"{gbnf}": 'root ::= "a"\n', "{bad-gbnf}": 'root ::= "a"\n::= x\n',
+         "{schema}": '{"type": "object", "not": {}}'}
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--grammar", "/nonexistent/g.gbnf"], ["cannot read --grammar /nonexistent/g.gbnf"]),
+    (["--grammar", "{bad-gbnf}"], ["--grammar", "expected a rule name", "line 2, column 1"]),
+    (["--json-schema", "{schema}"], ["--json-schema", "'not' at #"]),
+    (["--regex", "a(b"], ["--regex a(b", "position"]),
+    (["--regex", "a", "--grammar", "{gbnf}"], ["pass one of", "--grammar and --regex"]),
+    (["--grammar-first"], ["--grammar-first needs"]),
+    (["--regex", "a", "--num-beams", "2"], ["beam search does not combine"]),
+    (["--regex", "a", "--prompt-lookup"], ["speculative decoding does not combine with a grammar"]),
+    (["--regex", "a", "--mirostat", "2"], ["grammar does not combine with mirostat=2"]),
+], ids=["missing-file", "bad-gbnf", "bad-schema", "bad-regex", "two-constraints", "grammar-first-alone",
+        "beams", "speculative", "mirostat"])
+def test_cli_grammar_user_errors(flags, fragments, tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name.strip("{}")).write_text(text)
+    flags = [str(tmp_path / f.strip("{}")) if f in FILES else f for f in flags]
+    status, out, err = run_captured(["generate", "--prompt", "hi", *flags, *NO_MODEL])
+    assert_user_error(status, out, err, *fragments)
