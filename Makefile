@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: setup demo test check-course book bench bench-generate bench-speculative clean
+.PHONY: setup demo test check-course book bench bench-generate bench-speculative bench-constrained clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ bench-generate: setup
 
 bench-speculative: setup
 	$(PY) scripts/bench_speculative.py $(if $(QUICK),--quick,)
+
+bench-constrained: setup
+	$(PY) scripts/bench_constrained.py $(if $(QUICK),--quick,)
 
 book: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml
