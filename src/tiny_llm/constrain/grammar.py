@@ -142,7 +142,7 @@ class _Parser:
             else:
                 return ("seq", tuple(items))
             self.space(nested)
-            while self.peek() in ("*", "+", "?", "{") and self.peek():
+            while self.peek() in ("*", "+", "?", "{"):
                 item = self.repetition(item)
                 self.space(nested)
             items.append(item)
@@ -321,7 +321,7 @@ class Program:
         if kind == "alt":
             return [(REF, self._helper(node, "group"))]
         _, item, lo, hi = node  # rep: lo copies, then an optional tail
-        out = self._elements(item) * lo
+        out = self._elements(item) * lo if lo else []
         if hi is None:  # R ::= item R | ""
             rule = self._new_rule(f"star-{len(self.names)}")
             self._pending.append((rule, ("alt", (("seq", (item, ("ref_id", rule))), ("seq", ())))))
@@ -360,8 +360,10 @@ class Program:
             while todo:
                 q = todo.pop()
                 if q == r:
-                    raise ValueError(f"grammar: rule {self.names[self.owner[r]]!r} is left-recursive "
-                                     f"(it can reach itself without consuming a character)")
+                    raise ValueError(
+                        f"grammar: rule {self.names[self.owner[r]]!r} is left-recursive (it can reach "
+                        f"itself without consuming a character; so does a repetition of something "
+                        f"that can be empty, like (\"a\"?)*)")
                 if q not in seen:
                     seen.add(q)
                     todo.extend(first[q])

@@ -79,7 +79,8 @@ class Sampler:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the tokens drawn so far (counters) and mirostat's running estimate."""
+        """Forget the tokens drawn so far (counters), mirostat's running estimate and where
+        each row's grammar has got to."""
         self._batch: int | None = None
         self._counters = np.zeros(len(self.params), dtype=np.int64)
         self._mu = mx.array([2.0 * p.mirostat_tau for p in self.params], dtype=mx.float32)
