@@ -272,3 +272,35 @@ def test_token_table_reads_byte_level_tokens(default_tokenizer):
         assert i in table.eos
     special = default_tokenizer.encode("<|im_start|>", add_special_tokens=False)
     assert len(special) == 1 and table.tokens[special[0]] is None
+
+
+def test_rows_of_optional_items_expand_once_each():
+    # 40 optional items in a row: 2**40 ways to skip them, each stack expanded once.
+    g = Grammar.from_gbnf('root ::= "{" ' + "ws? " * 40 + '"}"\nws ::= | " " | "\\n"\n')
+    assert g.accepts("{}") and g.accepts("{" + " \n" * 20 + "}")
+    assert not g.accepts("{" + " " * 41 + "}")
+
+
+def test_long_chains_of_optional_items_do_not_recurse_deeply():
+    g = Grammar.from_gbnf('root ::= (" "?){0,600} "b"')
+    assert g.accepts(" " * 600 + "b") and g.accepts("b")
+    assert not g.accepts(" " * 601 + "b")
+
+
+def test_lone_surrogates_are_rejected():
+    g = Grammar.from_gbnf("root ::= .")
+    assert g.accepts("é") and not g.accepts("\ud800") and not g.accepts_prefix("\udc00")
+
+
+def test_byte_level_decoders_inside_a_sequence(default_tokenizer):
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders
+
+    from tiny_llm.tokenizer import Tokenizer
+
+    backend = Backend.from_str(default_tokenizer.backend.to_str())
+    backend.decoder = decoders.Sequence([decoders.ByteLevel()])
+    tokenizer = Tokenizer(backend, eos_tokens=["<|im_end|>"])
+    table = TokenTable.from_tokenizer(tokenizer)
+    text = ' héllo {"a": 1}\n'
+    assert b"".join(table.tokens[i] for i in tokenizer.encode(text)) == text.encode()

@@ -392,31 +392,37 @@ class Automaton:
         self.table = np.full((64, 256), -1, dtype=np.int32)  # -1: not computed yet
         self.table[0] = 0
         start: set[tuple[int, ...]] = set()
-        for alt in program.alts[program.root]:
-            self._expand((alt,) if program.kind[alt] != END else (), start)
+        self._expand([(alt,) if program.kind[alt] != END else () for alt in program.alts[program.root]], start)
         self.start = self._state(frozenset(start), b"")
 
     # -- stacks --
 
-    def _expand(self, stack: tuple[int, ...], out: set) -> None:
-        """Add to `out` every stack `stack` can turn into whose top is a terminal (or which
-        is empty), by entering the rules named on top."""
-        kind, arg = self.program.kind, self.program.arg
-        if not stack or kind[stack[-1]] == CHAR:
-            out.add(stack)
-            return
-        top = stack[-1]
-        rest = stack[:-1] + ((top + 1,) if kind[top + 1] != END else ())
-        for alt in self.program.alts[arg[top]]:
-            self._expand(rest + (alt,) if kind[alt] != END else rest, out)
+    def _expand(self, stacks, out: set) -> None:
+        """Add to `out` every stack that `stacks` can turn into whose top is a terminal (or
+        which is empty), by entering the rules named on top. Each stack is expanded once,
+        however many ways lead to it (a row of optional items would otherwise branch
+        exponentially), and with a work list rather than recursion (long chains of optional
+        items nest deep)."""
+        kind, arg, alts = self.program.kind, self.program.arg, self.program.alts
+        todo, seen = list(stacks), set()
+        while todo:
+            stack = todo.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            if not stack or kind[stack[-1]] == CHAR:
+                out.add(stack)
+                continue
+            top = stack[-1]
+            rest = stack[:-1] + ((top + 1,) if kind[top + 1] != END else ())
+            todo.extend(rest + (alt,) if kind[alt] != END else rest for alt in alts[arg[top]])
 
     def _feed(self, stacks: frozenset, cp: int) -> frozenset:
         kind, arg = self.program.kind, self.program.arg
         out: set = set()
-        for stack in stacks:
-            if stack and self._match[arg[stack[-1]]](cp):
-                top = stack[-1]
-                self._expand(stack[:-1] + ((top + 1,) if kind[top + 1] != END else ()), out)
+        moved = [stack[:-1] + ((stack[-1] + 1,) if kind[stack[-1] + 1] != END else ())
+                 for stack in stacks if stack and self._match[arg[stack[-1]]](cp)]
+        self._expand(moved, out)
         return frozenset(out)
 
     def _may_start(self, stacks: frozenset, lo: int, hi: int) -> bool:
@@ -581,10 +587,11 @@ class Grammar:
         return cls(regex_to_gbnf(pattern))
 
     def accepts(self, text: str) -> bool:
-        return self.automaton.accepting(self.automaton.walk(self.automaton.start, text.encode()))
+        data = text.encode(errors="surrogatepass")  # a lone surrogate is invalid UTF-8: rejected
+        return self.automaton.accepting(self.automaton.walk(self.automaton.start, data))
 
     def accepts_prefix(self, text: str | bytes) -> bool:
-        data = text.encode() if isinstance(text, str) else text
+        data = text.encode(errors="surrogatepass") if isinstance(text, str) else text
         return self.automaton.walk(self.automaton.start, data) != Automaton.DEAD
 
     def __repr__(self) -> str:

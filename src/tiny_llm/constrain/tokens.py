@@ -13,6 +13,7 @@ a single gather. Masks are kept per state, so a state seen again costs nothing.
 
 from __future__ import annotations
 
+import json
 import re
 import weakref
 from collections.abc import Iterable, Sequence
@@ -58,7 +59,7 @@ def token_bytes(tokenizer) -> list[bytes | None]:
     tokens `<0xHH>` as that byte, SentencePiece's `▁` as a space; special tokens None."""
     backend = tokenizer.backend
     added = backend.get_added_tokens_decoder()
-    byte_level = type(backend.decoder).__name__ == "ByteLevel"
+    byte_level = _byte_level(backend)
     alphabet = _byte_alphabet()
     out: list[bytes | None] = []
     for i in range(tokenizer.vocab_size):
@@ -74,6 +75,13 @@ def token_bytes(tokenizer) -> list[bytes | None]:
         else:
             out.append(piece.replace("\u2581", " ").encode())
     return out
+
+
+def _byte_level(backend) -> bool:
+    """Does the tokenizer decode through GPT-2's byte alphabet (a ByteLevel decoder, alone or
+    in a sequence, or a ByteLevel pre-tokenizer)?"""
+    config = json.loads(backend.to_str())
+    return "ByteLevel" in json.dumps([config.get("decoder"), config.get("pre_tokenizer")])
 
 
 def _byte_alphabet() -> dict[str, int]:
