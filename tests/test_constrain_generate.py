@@ -6,6 +6,7 @@ twenty the course promises, the others fewer.
 
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,16 +18,7 @@ from tiny_llm.sampler import SamplingParams
 
 from test_cli import NO_MODEL, assert_user_error, run_captured
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "city": {"type": "string", "maxLength": 24},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3},
-    },
-    "required": ["name", "age", "city"],
-}
+PERSON = json.loads((Path(__file__).resolve().parent.parent / "examples" / "person.json").read_text())
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
