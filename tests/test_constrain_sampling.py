@@ -157,6 +157,18 @@ def test_rows_keep_their_own_grammar_state_in_a_batch():
     assert moved.sample(x[::-1]).tolist()[1] == alone[0].sample(x[:1]).item()
 
 
+def test_mask_first_rows_draw_the_same_tokens_alone_and_beside_other_rows():
+    # Alone, a mask-first batch makes one draw from the masked distribution; beside a row
+    # without a grammar, the batch draws unconstrained first and the row draws again.
+    first = with_grammar(SamplingParams(top_k=20, temperature=1.5, seed=4), grammar_first=True)
+    plain = SamplingParams(top_k=20, temperature=1.5, seed=5)
+    alone, beside = Sampler(first, TABLE), Sampler([first, plain], TABLE)
+    xs = [logits(200 + step, B=2) for step in range(30)]
+    tokens = [(alone.sample(x[:1]).item(), beside.sample(x).tolist()[0]) for x in xs]
+    assert all(a == b for a, b in tokens)
+    assert len({a for a, _ in tokens}) > 3
+
+
 def test_shared_params_give_every_row_its_own_state():
     table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
     s = Sampler(SamplingParams(temperature=0.0, grammar=Grammar.from_gbnf('root ::= "a" "b"')), table)

@@ -358,6 +358,12 @@ class Sampler:
             final = self._constrain(x, hist, final, rows)
         mirostat_updates = []
         groups = self._groups(rows)
+        if grammar and all(self._matchers[i] and self.params[i].grammar_first for i in set(rows)):
+            # Mask first in every row: no unconstrained draw; `_grammar_draw` draws from the
+            # constrained distribution with the same uniform.
+            if final is None:
+                final = self._constrain(x, hist, self._final_from(x, hist), rows)
+            tops, groups = mx.max(final, axis=-1), {}
         for key, members in groups.items():
             g_rows = [rows[b] for b in members]
             P = [self.params[i] for i in g_rows]
