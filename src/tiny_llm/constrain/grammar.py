@@ -387,6 +387,13 @@ class Automaton:
     def __init__(self, program: Program):
         self.program = program
         self._match = [_matcher(cs) for cs in program.charsets]
+        # ASCII bytes that every character class holds alike lead to the same state from
+        # any state: one transition is computed and copied to the rest of its class.
+        signatures = [tuple(match(b) for match in self._match) for b in range(0x80)]
+        classes: dict[tuple, list[int]] = {}
+        for b, signature in enumerate(signatures):
+            classes.setdefault(signature, []).append(b)
+        self._alike = [np.array(classes[signature]) for signature in signatures]
         self.states: list[tuple[frozenset, bytes]] = [(frozenset(), b"")]
         self._ids: dict[tuple[frozenset, bytes], int] = {}
         self.table = np.full((64, 256), -1, dtype=np.int32)  # -1: not computed yet
@@ -450,7 +457,11 @@ class Automaton:
         """The state after one more byte."""
         nxt = int(self.table[sid, byte])
         if nxt < 0:
-            nxt = self.table[sid, byte] = self._compute(sid, byte)
+            nxt = self._compute(sid, byte)
+            if byte < 0x80 and not self.states[sid][1]:
+                self.table[sid, self._alike[byte]] = nxt
+            else:
+                self.table[sid, byte] = nxt
         return nxt
 
     def _compute(self, sid: int, byte: int) -> int:
@@ -493,8 +504,9 @@ class Automaton:
         nxt = self.table[states, data]
         missing = nxt < 0
         if missing.any():
-            for s, b in set(zip(states[missing].tolist(), data[missing].tolist())):
-                self.step(s, b)
+            pairs = np.unique(states[missing].astype(np.int64) * 256 + data[missing])
+            for pair in pairs.tolist():
+                self.step(pair >> 8, pair & 0xFF)
             nxt = self.table[states, data]
         return nxt
 
