@@ -18,7 +18,8 @@ from tiny_llm.sampler import SamplingParams
 
 from test_cli import NO_MODEL, assert_user_error, run_captured
 
-PERSON = json.loads((Path(__file__).resolve().parent.parent / "examples" / "person.json").read_text())
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PERSON = json.loads((EXAMPLES / "person.json").read_text())
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 
 
@@ -58,7 +59,7 @@ def test_regex_generations_match_in_full_in_a_batch(default_model):
 
 def test_grammar_first_gives_the_same_greedy_text(default_model):
     model, tokenizer = default_model
-    grammar = Grammar.from_gbnf('root ::= ("yes" | "no") ", because " [a-z ]{1,30} "."')
+    grammar = Grammar.from_gbnf((EXAMPLES / "answer.gbnf").read_text())
     prompt = chat(tokenizer, "Is the sky blue?")
     texts = []
     for first in (False, True):
