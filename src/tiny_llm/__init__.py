@@ -1,7 +1,54 @@
-"""tiny-llm: Qwen2 inference built from mlx.core primitives, and a complete sampler."""
+"""tiny-llm: Qwen2 inference built from mlx.core primitives, and a complete sampler.
 
-from .generate import GenerationResponse, generate, generate_step, stream_generate
-from .loader import load
+The package imports its modules lazily (PEP 562): `import tiny_llm.basics` loads the week 1
+building blocks alone, so a mistake in a later day's module cannot break an earlier day.
+"""
 
-__all__ = ["load", "generate", "generate_step", "stream_generate", "GenerationResponse"]
+import importlib
+import sys
+import types
+
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "load": "loader",
+    "generate": "generate",
+    "generate_step": "generate",
+    "stream_generate": "generate",
+    "GenerationResponse": "generate",
+}
+__all__ = list(_EXPORTS)
+
+
+def _export(name: str):
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = _export(name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+class _Package(types.ModuleType):
+    """`tiny_llm.generate` names the function, although `generate` is also a submodule:
+    importing a submodule sets the package's attribute of that name to the module, and this
+    property keeps the public name on the function."""
+
+    @property
+    def generate(self):
+        return _export("generate")
+
+    @generate.setter
+    def generate(self, _module) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

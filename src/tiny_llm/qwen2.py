@@ -5,19 +5,23 @@ Weights are looked up by their Hugging Face names (`model.layers.0.self_attn.q_p
 biases.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from .attention import causal_mask, scaled_dot_product_attention_grouped
 from .basics import linear, silu
 from .embedding import Embedding, QuantizedEmbedding
-from .fused import FusedRMSNorm, FusedRoPE, fused_attention
-from .kv_cache import KVCache
 from .layer_norm import RMSNorm
 from .positional_encoding import RoPE
 from .quantize import QuantizedWeight, quantized_linear
+
+if TYPE_CHECKING:  # week 2 modules load only when a model uses them
+    from .kv_cache import KVCache
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -149,6 +153,15 @@ def _require(weights: Mapping[str, mx.array], name: str) -> mx.array:
     return weights[name]
 
 
+def _norm_class(fused: bool) -> type:
+    """RMSNorm, or its `mx.fast` kernel (week 2 day 3)."""
+    if fused:
+        from .fused import FusedRMSNorm
+
+        return FusedRMSNorm
+    return RMSNorm
+
+
 class Qwen2MultiHeadAttention:
     """Grouped-query self-attention with RoPE; weights under `prefix` (`...self_attn.`).
 
@@ -165,10 +178,12 @@ class Qwen2MultiHeadAttention:
         self.wk, self.bk = _require(weights, prefix + "k_proj.weight"), get(prefix + "k_proj.bias")
         self.wv, self.bv = _require(weights, prefix + "v_proj.weight"), get(prefix + "v_proj.bias")
         self.wo, self.bo = _require(weights, prefix + "o_proj.weight"), get(prefix + "o_proj.bias")
-        self.rope = (FusedRoPE if fused else RoPE)(
-            args.head_dim, base=args.rope_theta, traditional=args.rope_traditional
-        )
-        self.attention = fused_attention if fused else scaled_dot_product_attention_grouped
+        rope, self.attention = RoPE, scaled_dot_product_attention_grouped
+        if fused:
+            from .fused import FusedRoPE, fused_attention
+
+            rope, self.attention = FusedRoPE, fused_attention
+        self.rope = rope(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
 
     def __call__(
         self,
@@ -223,7 +238,7 @@ class Qwen2TransformerBlock:
     def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = "",
                  fused: bool = False):
         eps = args.rms_norm_eps
-        norm = FusedRMSNorm if fused else RMSNorm
+        norm = _norm_class(fused)
         self.input_layernorm = norm(_require(weights, prefix + "input_layernorm.weight"), eps)
         self.post_attention_layernorm = norm(
             _require(weights, prefix + "post_attention_layernorm.weight"), eps
@@ -261,11 +276,13 @@ class Qwen2Model:
             Qwen2TransformerBlock(args, weights, f"model.layers.{i}.", fused)
             for i in range(args.num_hidden_layers)
         ]
-        self.norm = (FusedRMSNorm if fused else RMSNorm)(weights["model.norm.weight"], args.rms_norm_eps)
+        self.norm = _norm_class(fused)(weights["model.norm.weight"], args.rms_norm_eps)
         self.lm_head = None if args.tie_word_embeddings else weights["lm_head.weight"]
 
     def make_cache(self) -> list[KVCache]:
         """One empty `KVCache` per layer, for `__call__(tokens, cache=...)`."""
+        from .kv_cache import KVCache
+
         return [KVCache() for _ in self.layers]
 
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
