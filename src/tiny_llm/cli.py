@@ -9,6 +9,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .progress import missing_day
+
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -172,14 +174,60 @@ def _flag_names(message: str) -> str:
 
 
 def _load(args: argparse.Namespace, name: str | None = None):
-    from .loader import load
+    from .loader import fused_kernels_implemented, load
 
     if getattr(args, "prefill_step_size", 1) < 1:
         raise UserError(f"--prefill-step-size must be a positive integer, got {args.prefill_step_size}")
+    fused = not args.no_fused
+    if fused and not fused_kernels_implemented():
+        _note_once("week2-day3 is not implemented yet: the hand-written RMSNorm, RoPE and attention run "
+                   "instead (as with --no-fused)")
+        fused = False
     try:
-        return load(name or args.model, fused=not args.no_fused)
+        return load(name or args.model, fused=fused)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
+
+
+def _kv_cache(args: argparse.Namespace) -> bool:
+    """Whether generation uses the KV cache: unless --no-kv-cache, once week 2 day 2 is done."""
+    from .generate import cached_loop_implemented
+
+    if args.no_kv_cache:
+        return False
+    if not cached_loop_implemented():
+        _note_once("week2-day2 is not implemented yet: week 1's loop runs instead, without a KV cache "
+                   "(as with --no-kv-cache)")
+        return False
+    return True
+
+
+_noted: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    if message not in _noted:
+        _noted.add(message)
+        print(f"tiny-llm: note: {message}", file=sys.stderr)
+
+
+# How to run without a course day that a starter has not implemented yet.
+_WITHOUT_DAY = {
+    "week1-day6": "`tiny-llm smoke` runs the model once without it",
+    "week1-day7": "--temp 0 (greedy) runs without it",
+    "week2-day1": "a float checkpoint runs without it",
+    "week2-day2": "`tiny-llm generate --no-kv-cache` without --num-beams, --draft-model or --prompt-lookup "
+                  "runs without it",
+    "week2-day3": "--no-fused runs without it",
+    "week2-day4": "`tiny-llm generate` runs one prompt at a time without it",
+    "week2-day5": "`tiny-llm generate` runs one prompt at a time without it",
+    "week3-day1": "`tiny-llm generate` without --draft-model and --prompt-lookup runs without it",
+}
+
+
+def _missing_day_message(day: str, what: str) -> str:
+    without = _WITHOUT_DAY.get(day, f"the model is built from it (see book/docs/{day}.md)")
+    return f"{day} is not implemented yet ({what}); {without}"
 
 
 def _messages_text(tokenizer, args, messages: list[dict]) -> str:
@@ -213,8 +261,9 @@ def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None
 
     pieces = [] if pieces is None else pieces
     last, shown = None, []
+    kv_cache = None if speculative else _kv_cache(args)  # speculative decoding makes its own caches
     for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler,
-                                    prefill_step_size=args.prefill_step_size, kv_cache=not args.no_kv_cache,
+                                    prefill_step_size=args.prefill_step_size, kv_cache=kv_cache,
                                     **(speculative or {})):
         print(response.text, end="", flush=True)
         pieces.append(response.text)
@@ -517,7 +566,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"tiny-llm: error: {e}", file=sys.stderr)
         return 2
+    except NotImplementedError as e:  # a starter whose day is not done yet
+        if (found := missing_day(e)) is None:
+            raise
+        print(f"tiny-llm: error: {_missing_day_message(*found)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .progress import implemented
 from .quantize import QuantizedWeight
 from .qwen2 import ModelArgs, Qwen2Model
 from .tokenizer import Tokenizer
@@ -49,7 +50,7 @@ def load(
     *,
     dequantize: bool = False,
     dtype: mx.Dtype | None = None,
-    fused: bool = True,
+    fused: bool | None = None,
 ) -> tuple[Qwen2Model, Tokenizer]:
     """Load a model and its tokenizer.
 
@@ -59,7 +60,8 @@ def load(
     which unpacks them to float32 once at load. `dtype` (e.g. `mx.float16`) casts the
     floating-point weights after unpacking; quantized weights keep their packing. `fused`
     picks the `mx.fast` kernels for RMSNorm, RoPE and attention (week 2, day 3); False runs
-    the hand-written week-1 functions.
+    the hand-written week-1 functions; None (the default) picks the kernels once week 2
+    day 3 is implemented, which in the finished engine it always is.
     """
     path = resolve(name_or_path)
     model = load_model(path, dequantize=dequantize, dtype=dtype, fused=fused)
@@ -88,7 +90,7 @@ def load_model(
     *,
     dequantize: bool = False,
     dtype: mx.Dtype | None = None,
-    fused: bool = True,
+    fused: bool | None = None,
 ) -> Qwen2Model:
     """Build the model from a directory holding `config.json` and `*.safetensors`; with
     `dequantize=True` quantized weights are unpacked to float32; see `load` for `dtype`
@@ -122,10 +124,28 @@ def load_model(
     if dtype is not None:
         weights = {k: v.astype(dtype) if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating) else v
                    for k, v in weights.items()}
+    if fused is None:
+        fused = fused_kernels_implemented()
     model = Qwen2Model(args, weights, fused=fused)
     # Read (and unpack) now, not inside the first forward pass.
     mx.eval([a for w in weights.values() for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w])])
     return model
+
+
+def fused_kernels_implemented() -> bool:
+    """Whether week 2 day 3 (the `mx.fast` RMSNorm, RoPE and attention) is implemented;
+    always True in the finished engine."""
+    return implemented("week2-day3", _probe_fused)
+
+
+def _probe_fused() -> None:
+    from .fused import FusedRMSNorm, FusedRoPE, fused_attention
+
+    x = mx.ones((1, 2, 1, 4))  # B, L, H, D
+    FusedRMSNorm(mx.ones((4,)))(x)
+    FusedRoPE(4)(x)
+    q = x.transpose(0, 2, 1, 3)  # B, H, L, D
+    fused_attention(q, q, q)
 
 
 def gather_quantized(
