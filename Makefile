@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
+MAX_TOKENS ?= 256
 
-.PHONY: setup demo test check-course book bench bench-generate bench-speculative bench-constrained clean
+.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -17,14 +18,23 @@ $(VENV)/.installed: pyproject.toml Makefile
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --verbose
+	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --max-tokens $(MAX_TOKENS) --verbose
 
+# Two processes share the tests (pytest-xdist); the 15 slowest are listed at the end.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --durations=15
 
+# BEGIN INSTRUCTOR ONLY
+.PHONY: check-course walkthrough
 # Every day's tests fail without that day's solution (and only those).
 check-course: setup
 	$(PY) scripts/check_course.py
+
+# Each stage of the course: with the later days stubbed, the tests of the days done pass
+# and the stage's commands run.
+walkthrough: setup
+	$(PY) scripts/check_course.py --walkthrough
+# END INSTRUCTOR ONLY
 
 # Sampling speed against mlx-lm (QUICK=1 for a short smoke run).
 bench: setup

@@ -24,13 +24,52 @@ DEPENDS: dict[str, tuple[str, ...]] = {
 }
 DAYS = tuple(DEPENDS)
 
+# Test files that are not a day's own file -> the days they need (directly). Every shipped
+# test file is a day's file or listed here; the walkthrough runs each one at the first stage
+# of the course where all its days are done.
+TEST_DAYS: dict[str, tuple[str, ...]] = {
+    "tests/test_generate.py": ("week1-day6",),
+    "tests/test_tokenizer.py": (),
+    "tests/test_loader.py": ("week1-day5",),
+    "tests/test_sampler_params.py": (),
+    "tests/test_sampler_stages.py": (),
+    "tests/test_sampler_engine.py": (),
+    "tests/test_sampler_fast.py": (),
+    "tests/test_sampler_facade.py": ("week1-day7",),
+    "tests/test_constrain_grammar.py": (),
+    "tests/test_constrain_regex.py": (),
+    "tests/test_constrain_json_schema.py": (),
+    "tests/test_constrain_sampling.py": (),
+    "tests/test_constrain_generate.py": ("week2-day5",),
+    "tests/test_batch.py": ("week2-day5",),
+    "tests/test_beam_search.py": ("week2-day2",),
+    "tests/test_speculative.py": ("week3-day1",),
+    "tests/test_cli.py": ("week2-day3", "week2-day5", "week3-day1"),
+    "tests/test_progress.py": ("week2-day3", "week2-day4"),
+}
+
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<day>\S+)\s*$")
 END = re.compile(r"^\s*# END SOLUTION\s*$")
+MARKER_WORD = "SOLUTION"  # a line that holds it must be one of the two markers
 
 
 def test_file(day: str) -> str:
     week, d = day.split("-")
     return f"tests/test_{week}_{d}.py"
+
+
+def needed_days(test: str) -> set[str]:
+    """Every day whose solution the tests in `test` need, directly or through other days."""
+    direct = TEST_DAYS.get(test) or tuple(d for d in DAYS if test_file(d) == test)
+    if test not in TEST_DAYS and not direct:
+        raise KeyError(f"{test} is neither a day's test file nor listed in course.TEST_DAYS")
+    needed, pending = set(), list(direct)
+    while pending:
+        d = pending.pop()
+        if d not in needed:
+            needed.add(d)
+            pending.extend(DEPENDS[d])
+    return needed
 
 
 def depends_on(day: str, other: str) -> bool:
@@ -75,6 +114,10 @@ def find_regions(path: Path, lines: list[str]) -> list[Region]:
             begin, day, indent = open_at
             regions.append(Region(day, begin, i, indent, _enclosing(lines, begin, indent)))
             open_at = None
+        elif MARKER_WORD in line:
+            # A mistyped marker would ship its solution to students: refuse it.
+            raise MarkerError(f"{path}:{i + 1}: {line.strip()!r} is not a solution marker "
+                              f"(write '# BEGIN SOLUTION weekW-dayD' or '# END SOLUTION')")
     if open_at is not None:
         raise MarkerError(f"{path}:{open_at[0] + 1}: BEGIN SOLUTION is never closed")
     return regions

@@ -74,8 +74,9 @@ def default_model(default_model_dir):
 
 
 @pytest.fixture(scope="session")
-def default_tokenizer(default_model):
-    return default_model[1]
+def default_tokenizer(default_model_dir):
+    """The default model's tokenizer alone: tests of text need no course day."""
+    return Tokenizer.from_directory(default_model_dir)
 
 
 @pytest.fixture(scope="session")

