@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import DAYS, depends_on, needed_days, test_file  # noqa: E402
-from make_starter import make_starter, parse_days  # noqa: E402
+from course import DAYS, ROOT, depends_on, needed_days, test_file  # noqa: E402
+from make_starter import INSTRUCTOR_ONLY, make_starter, parse_days  # noqa: E402
 
 COMMAND_TIMEOUT = 600  # seconds for one CLI command of the walkthrough
 
@@ -85,6 +85,10 @@ def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
     rows.append(f"{day:12s} {test_file(day):28s} {total:5d} tests  bite {bite:6.1%}"
                 + ("" if own["failed"] == total and total else f"   <-- {own['passed']} pass without the solution"))
     rows += [f"{'':12s}   passes without it: {k[len('passed:'):]}" for k in own if k.startswith("passed:")]
+    # A student sees why: each failure is the day's own NotImplementedError.
+    other = [k[len("failed:"):] for k in own if k.startswith("failed:") and f"NotImplementedError: {day}:" not in k]
+    ok &= not other
+    rows += [f"{'':12s}   fails for another reason: {k}" for k in other]
     for d in independent:
         res = results.get(test_file(d), Counter())
         n = res["passed"] + res["failed"] + res["skipped"]
@@ -209,17 +213,15 @@ def check_stage(k: int, workdir: Path, tests: list[str]) -> tuple[bool, list[str
 
 
 def walkthrough(days: set[str], jobs: int) -> bool:
-    tree_tests = sorted(p.relative_to(Path(__file__).resolve().parent.parent).as_posix()
-                        for p in (Path(__file__).resolve().parent.parent / "tests").glob("test_*.py"))
-    from make_starter import INSTRUCTOR_ONLY
-
-    tests = [t for t in tree_tests if t not in INSTRUCTOR_ONLY]
+    """Every stage that ends with one of `days` (and stage 0 when all days are chosen)."""
+    tests = [t for t in (p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py")))
+             if t not in INSTRUCTOR_ONLY]
     unknown = []
     for t in tests:
         try:
             needed_days(t)
         except KeyError as e:
-            unknown.append(str(e).strip("'\""))
+            unknown.append(e.args[0])
     if unknown:
         print("\n".join(unknown), file=sys.stderr)
         return False

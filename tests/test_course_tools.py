@@ -266,3 +266,21 @@ def test_a_mistyped_marker_in_the_tree_stops_the_starter(source_copy, tmp_path, 
     with pytest.raises(MarkerError, match=rf"src/tiny_llm/basics.py:{at + 1}: '#END SOLUTION'"):
         make_starter(tmp_path / "s", set(DAYS), root=tree)
     assert not (tmp_path / "s").exists()
+
+
+def test_every_shipped_test_file_says_which_days_it_needs():
+    """The walkthrough runs each test file at the first stage where its days are done: a
+    file that is neither a day's nor listed in course.TEST_DAYS would be skipped."""
+    from course import TEST_DAYS, needed_days, test_file
+
+    shipped = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py"))]
+    shipped = [f for f in shipped if f not in INSTRUCTOR_ONLY]
+    assert set(TEST_DAYS) <= set(shipped)
+    for f in shipped:
+        assert needed_days(f) >= set(TEST_DAYS.get(f, ())), f
+    assert needed_days("tests/test_week2_day4.py") == {
+        "week2-day4", "week2-day2", "week1-day7", "week1-day6", "week1-day5", "week1-day4", "week1-day3",
+        "week1-day2", "week1-day1"}
+    assert needed_days(test_file("week1-day1")) == {"week1-day1"}
+    with pytest.raises(KeyError, match="tests/test_unknown.py is neither"):
+        needed_days("tests/test_unknown.py")

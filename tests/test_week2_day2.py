@@ -134,14 +134,22 @@ def test_generate_step_prefills_then_feeds_one_token(step_size, calls):
     """The prompt but its last token goes in chunks (only the cache is needed from them),
     the last prompt token gives the first logits, then each step feeds one new token."""
     model = CachedCountingModel()
-    out = list(generate_step(mx.array([1, 2, 3]), model, max_tokens=3, prefill_step_size=step_size))
+    out = list(generate_step(mx.array([1, 2, 3]), model, max_tokens=3, prefill_step_size=step_size, kv_cache=True))
     assert [t for t, _ in out] == [4, 5, 6]
     assert model.calls == calls
 
 
+def test_the_default_takes_the_cache_once_this_day_runs():
+    """`kv_cache=None` (the default) picks the cached loop when this day's code runs: the
+    model then sees the prompt once and one token per step."""
+    model = CachedCountingModel()
+    assert [t for t, _ in generate_step(mx.array([1, 2, 3]), model, max_tokens=3)] == [4, 5, 6]
+    assert model.calls == [[1, 2], [3], [4], [5]]
+
+
 def test_a_one_token_prompt_needs_no_prefill_chunk():
     model = CachedCountingModel()
-    assert [t for t, _ in generate_step(mx.array([6]), model, max_tokens=2)] == [7, 0]
+    assert [t for t, _ in generate_step(mx.array([6]), model, max_tokens=2, kv_cache=True)] == [7, 0]
     assert model.calls == [[6], [7]]
 
 
@@ -154,7 +162,7 @@ def test_cached_generation_equals_recompute_and_mlx_lm(name, step_size):
 
     model, ref = tiny_model(name, seed=8)
     prompt = mx.array([3, 14, 15, 9, 26, 5, 35])
-    cached = [t for t, _ in generate_step(prompt, model, max_tokens=12, prefill_step_size=step_size)]
+    cached = [t for t, _ in generate_step(prompt, model, max_tokens=12, prefill_step_size=step_size, kv_cache=True)]
     recomputed = [t for t, _ in generate_step(prompt, model, max_tokens=12, kv_cache=False)]
     theirs = [int(t) for t, _ in reference_step(prompt, ref, max_tokens=12)]
     assert cached == recomputed == theirs
@@ -183,7 +191,7 @@ def test_greedy_generation_matches_mlx_lm(course_default_model, reference_defaul
     model, tokenizer = course_default_model
     ref_model, ref_tokenizer = reference_default_model
     ids = tokenizer.encode(prompt)
-    ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, ids, max_tokens=48)]
+    ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, ids, max_tokens=48, kv_cache=True)]
     theirs = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, ids, max_tokens=48)]
     assert len(ours) == 48
     assert ours == theirs
@@ -193,7 +201,7 @@ def test_default_model_cached_equals_recompute(course_default_model):
     """On the default model, the cached loop (prefill in chunks of 3) gives week 1's tokens."""
     model, tokenizer = course_default_model
     prompt = mx.array(tokenizer.encode("The three primary colours are"))
-    cached = [t for t, _ in generate_step(prompt, model, max_tokens=6, prefill_step_size=3)]
+    cached = [t for t, _ in generate_step(prompt, model, max_tokens=6, prefill_step_size=3, kv_cache=True)]
     recomputed = [t for t, _ in generate_step(prompt, model, max_tokens=6, kv_cache=False)]
     assert cached == recomputed
 
@@ -202,7 +210,7 @@ def test_chat_answer_from_the_default_model(course_default_model):
     """With the chat template, the model answers a factual question correctly."""
     model, tokenizer = course_default_model
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    responses = list(tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=20))
+    responses = list(tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=20, kv_cache=True))
     text = "".join(r.text for r in responses)
     assert "Paris" in text
     assert responses[-1].finish_reason == "stop"
