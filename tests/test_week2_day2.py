@@ -142,8 +142,9 @@ def test_generate_step_prefills_then_feeds_one_token(step_size, calls):
 def test_the_default_takes_the_cache_once_this_day_runs():
     """`kv_cache=None` (the default) picks the cached loop when this day's code runs: the
     model then sees the prompt once and one token per step."""
+    asked = [t for t, _ in generate_step(mx.array([1, 2, 3]), CachedCountingModel(), max_tokens=3, kv_cache=True)]
     model = CachedCountingModel()
-    assert [t for t, _ in generate_step(mx.array([1, 2, 3]), model, max_tokens=3)] == [4, 5, 6]
+    assert [t for t, _ in generate_step(mx.array([1, 2, 3]), model, max_tokens=3)] == asked == [4, 5, 6]
     assert model.calls == [[1, 2], [3], [4], [5]]
 
 
