@@ -27,21 +27,22 @@ def chat(tokenizer, text: str) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}])
 
 
-def test_twenty_json_schema_generations_parse_and_validate(default_model):
-    """Twenty seeded samples, drawn together in one batch (each row's tokens are the ones it
-    would draw alone: its random stream is its own), all stop by themselves and validate."""
+@pytest.mark.parametrize("seeds", [range(0, 10), range(10, 20)], ids=["seeds-0-9", "seeds-10-19"])
+def test_twenty_json_schema_generations_parse_and_validate(default_model, seeds):
+    """Twenty seeded samples in two batches of ten (each row's tokens are the ones it would
+    draw alone: its random stream is its own), all stop by themselves and validate."""
     model, tokenizer = default_model
     grammar = Grammar.from_json_schema(PERSON)
     prompt = chat(tokenizer, "Describe a person as JSON.")
-    params = [SamplingParams(temperature=0.8, top_p=0.95, seed=seed, grammar=grammar) for seed in range(20)]
-    result = batch_generate(model, tokenizer, [prompt] * 20, 160, params=params)
+    params = [SamplingParams(temperature=0.8, top_p=0.95, seed=seed, grammar=grammar) for seed in seeds]
+    result = batch_generate(model, tokenizer, [prompt] * len(params), 160, params=params)
     for text, finish in zip(result.texts, result.finish_reasons):
         assert finish == "stop", text  # the grammar closed the object and ended it
         jsonschema.validate(json.loads(text), PERSON)
-    assert len(set(result.texts)) > 10  # sampled, not one text twenty times
-    # Batching changes no row: seed 3 alone gives row 3's text.
-    alone = "".join(r.text for r in stream_generate(model, tokenizer, prompt, 160, params=params[3]))
-    assert alone == result.texts[3]
+    assert len(set(result.texts)) > 5  # sampled, not one text ten times
+    if seeds[0] == 0:  # batching changes no row: seed 3 alone gives row 3's text
+        alone = "".join(r.text for r in stream_generate(model, tokenizer, prompt, 160, params=params[3]))
+        assert alone == result.texts[3]
 
 
 def test_regex_generations_match_in_full_in_a_batch(default_model):

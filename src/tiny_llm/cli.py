@@ -213,9 +213,8 @@ def _note_once(message: str) -> None:
 
 # How to run without a course day that a starter has not implemented yet.
 _WITHOUT_DAY = {
+    **{f"week1-day{d}": f"the model is built from it (see book/docs/week1-day{d}.md)" for d in range(1, 6)},
     "week1-day6": "`tiny-llm smoke` runs the model once without it",
-    "week1-day7": "--temp 0 (greedy) runs without it",
-    "week2-day1": "a float checkpoint runs without it",
     "week2-day2": "`tiny-llm generate --no-kv-cache` without --num-beams, --draft-model or --prompt-lookup "
                   "runs without it",
     "week2-day3": "--no-fused runs without it",
@@ -226,8 +225,7 @@ _WITHOUT_DAY = {
 
 
 def _missing_day_message(day: str, what: str) -> str:
-    without = _WITHOUT_DAY.get(day, f"the model is built from it (see book/docs/{day}.md)")
-    return f"{day} is not implemented yet ({what}); {without}"
+    return f"{day} is not implemented yet ({what}); {_WITHOUT_DAY.get(day, f'see book/docs/{day}.md')}"
 
 
 def _messages_text(tokenizer, args, messages: list[dict]) -> str:
