@@ -75,6 +75,8 @@ def test_gbnf_constructs(gbnf, yes, no):
     (r'root ::= "\x4"', r"'\\x' needs 2 hex digits at line 1, column 11"),
     ('root ::= "a"{3,1}', r"maximum below its minimum at line 1, column 13"),
     ('root ::= "a"{2', r"expected '}' .* at line 1, column 13"),
+    ('root ::= "a"{0,1000000}', r"repetition count 1000000 is above the limit of 10000 at line 1, column 13"),
+    ('root ::= "a"{4000000000}', r"repetition count 4000000000 is above the limit of 10000 at line 1, column 13"),
     ('root ::= "a" @', r"unexpected '@' at line 1, column 14"),
     ('root "a"', r"expected '::=' after rule name 'root' at line 1, column 6"),
     ("::= x", r"expected a rule name, found ':' at line 1, column 1"),
@@ -87,6 +89,13 @@ def test_gbnf_constructs(gbnf, yes, no):
 def test_gbnf_errors(gbnf, message):
     with pytest.raises(ValueError, match=message):
         Grammar.from_gbnf(gbnf)
+
+
+def test_the_largest_allowed_repetition_compiles_and_counts_exactly():
+    """`{0,10000}`, the limit, builds 10,000 helper rules and matches exactly up to 10,000."""
+    grammar = Grammar.from_gbnf('root ::= "a"{0,10000}')
+    assert grammar.accepts("a" * 10000) and grammar.accepts("")
+    assert not grammar.accepts("a" * 10001)
 
 
 def test_gbnf_needs_text():

@@ -25,7 +25,11 @@ computed once and kept in a table, so the automaton turns into a DFA as it is us
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
+
+from .limits import MAX_REPEAT
 
 # ---- syntax tree --------------------------------------------------------------------------
 # ("chars", ranges, negated)   ranges: tuple of (lo, hi) code points, inclusive
@@ -169,6 +173,8 @@ class _Parser:
         self.pos += 1
         if hi is not None and hi < lo:
             raise self.error(f"repetition {{{lo},{hi}}} has its maximum below its minimum", start)
+        if max(lo, hi or 0) > MAX_REPEAT:
+            raise self.error(f"repetition count {max(lo, hi or 0)} is above the limit of {MAX_REPEAT}", start)
         return ("rep", item, lo, hi)
 
     def integer(self) -> int | None:
@@ -277,10 +283,10 @@ class Program:
         self._charset_ids: dict[tuple, int] = {}
         self._ids = {name: self._new_rule(name) for name in rules}
         bodies: dict[int, list[list[tuple]]] = {}
-        self._pending = [(self._ids[n], body) for n, body in rules.items()]
+        self._pending = deque((self._ids[n], body) for n, body in rules.items())
         self.owner = list(range(len(self.names)))  # the written rule each rule comes from
         while self._pending:  # helper rules made for groups and repetitions join the queue
-            rule, body = self._pending.pop(0)
+            rule, body = self._pending.popleft()
             self._current = self.owner[rule]
             bodies[rule] = [self._elements(seq) for seq in (body[1] if body[0] == "alt" else (body,))]
         for rule in range(len(self.names)):

@@ -91,6 +91,8 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
+from .limits import MAX_REPEAT
+
 __all__ = ["json_schema_to_gbnf"]
 
 MAX_DIGITS = 16
@@ -528,6 +530,8 @@ def _count(schema: dict, key: str, path: str, default: int | None) -> int | None
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"json schema: {key!r} at {path} must be a non-negative integer")
+    if value > MAX_REPEAT:  # each counted item becomes grammar rules
+        raise ValueError(f"json schema: {key!r} at {path} is {value}, above the limit of {MAX_REPEAT}")
     return value
 
 

@@ -45,10 +45,11 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from .limits import MAX_REPEAT
+
 __all__ = ["regex_to_gbnf", "regex_to_gbnf_expression"]
 
 MAX_CODE_POINT = 0x10FFFF
-MAX_REPEAT = 2**32 - 1  # Python's re rejects repeat counts from here on.
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -295,8 +296,8 @@ class _Parser:
         self.pos += 1
         low = int(lo) if lo else 0
         high = int(hi) if hi else None
-        if low >= MAX_REPEAT or (high is not None and high >= MAX_REPEAT):
-            raise self.error("repetition count too large", start)
+        if max(low, high or 0) > MAX_REPEAT:
+            raise self.error(f"repetition count {max(low, high or 0)} is above the limit of {MAX_REPEAT}", start)
         if high is not None and high < low:
             raise self.error("min repeat greater than max repeat", start)
         return low, high

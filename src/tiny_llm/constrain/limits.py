@@ -1,0 +1,4 @@
+"""Engine — the bounds that keep compiling a grammar small and fast: every repeated copy of
+an item becomes rules of its own, so a count costs memory and time in proportion to it."""
+
+MAX_REPEAT = 10_000  # the largest repetition count in GBNF, a regex or a JSON schema
