@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .generate import Model, prefill
-from .sampler import Sampler, SamplingParams, rng
+from .sampler import Sampler, SamplingParams, fast, rng
 from .sampler.checks import check_int
 
 SPECULATIVE = 2  # rng stream id: independent of the engine's draw and XTC streams
@@ -74,9 +74,9 @@ def rejection_sample(
 
 
 def draw(probs: mx.array, u: mx.array) -> mx.array:
-    """Inverse-CDF draws: one token per row of `probs [B, V]` for uniforms `u [B]`."""
-    cdf = mx.cumsum(probs, axis=-1)
-    return mx.minimum(mx.sum(cdf < u[:, None] * cdf[:, -1:], axis=-1), probs.shape[-1] - 1).astype(mx.int32)
+    """Inverse-CDF draws: one token per row of `probs [B, V]` for uniforms `u [B]` in
+    [0, 1); always a token with positive probability, whatever the summation order."""
+    return fast.inverse_cdf(probs, u)
 
 
 def prompt_lookup(history: list[int], count: int, ngram: int = 3, min_ngram: int = 1) -> list[int]:
