@@ -517,14 +517,15 @@ def test_fused_greedy_tokens_equal_unfused(name, cached):
     assert greedy(fused, prompt, 8, cached) == greedy(plain, prompt, 8, cached=False)
 
 
-def test_default_model_fused_matches_mlx_lm(default_model, reference_default_model):
-    """The real default model, loaded fused (`load`'s default), gives mlx-lm's logits.
+def test_default_model_fused_matches_mlx_lm(fused_default_model, reference_default_model):
+    """The real default model, loaded fused (`load`'s default once this day is done), gives
+    mlx-lm's logits.
 
     Both run the same packed 4-bit matmuls and the same mx.fast kernels, so the logits
     usually agree bit for bit; the bound (1e-3 on logits of range about +-40, 1e-5 on
     probabilities) leaves room for float32 sums taken in another order over 30 layers.
     """
-    model, tokenizer = default_model
+    model, tokenizer = fused_default_model
     assert model.fused
     ref_model, ref_tokenizer = reference_default_model
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
