@@ -33,6 +33,8 @@ def test_batch_cache_rejects_bad_padding_and_over_trimming():
     (dict(prompts=[[1] * 30]), "exceeds the model's context of 32 positions"),
     (dict(prompts=[[1, 500]]), "outside the vocabulary"),
     (dict(prompts=[[1]], params=[{"temperature": 1}]), "params must be a SamplingParams"),
+    (dict(prompts=[[1], [2]], params=[SamplingParams(), SamplingParams(logit_bias={112: 1.0})]),
+     r"prompt 1: logit_bias names token 112, outside the vocabulary \[0, 112\)"),
 ])
 def test_bad_input_is_refused_before_the_model_runs(kwargs, match):
     model, _ = tiny_model("llama-tied", max_position_embeddings=32)

@@ -245,15 +245,58 @@ def prompts_file(tmp_path, text: str) -> str:
     ("Hello\n", ["--max-batch-size", "0"], ["--max-batch-size", "0"]),
     ("Hello\n", ["--prefill-step-size", "0"], ["--prefill-step-size", "0"]),
     ("Hello\n", ["--max-tokens", "-1"], ["--max-tokens", "-1"]),
+    ('Hello\n{"prompt": "Count.", "logit_bias": {"abc": 1}}\n', [],
+     ["prompts.txt:2", 'logit_bias keys are token ids such as "15043"', "'abc'"]),
+    (b"Hello\nCaf\xe9\n", [], ["prompts.txt:2", "not valid UTF-8 text", "byte 10"]),
 ], ids=["missing-file", "bad-json", "no-prompt-key", "unknown-key", "bad-field", "bad-max-tokens",
-        "empty-prompt", "no-prompts", "batch-size-0", "prefill-step-0", "max-tokens-unlimited"])
+        "empty-prompt", "no-prompts", "batch-size-0", "prefill-step-0", "max-tokens-unlimited",
+        "logit-bias-key-not-a-number", "not-utf-8"])
 def test_batch_user_errors(tmp_path, text, extra, fragments, capsys):
     """Every problem in the prompts file or flags is one line naming the place, exit 2,
     before a model is loaded."""
-    path = str(tmp_path / "missing.txt") if text is None else prompts_file(tmp_path, text)
+    if isinstance(text, bytes):
+        (tmp_path / "prompts.txt").write_bytes(text)
+        path = str(tmp_path / "prompts.txt")
+    else:
+        path = str(tmp_path / "missing.txt") if text is None else prompts_file(tmp_path, text)
     status = run_main(["batch", "--prompts", path, *extra, *NO_MODEL])
     captured = capsys.readouterr()
     assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_token_ids_outside_the_vocabulary_are_user_errors(tmp_path, capsys):
+    """Known only once the model is loaded, and still one line before anything runs: a
+    --logit-bias token, and a batch request's logit_bias (which no longer ends the batch)."""
+    status = run_main(["generate", "--prompt", "hi", "--logit-bias", "999999999+1"])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err,
+                      "--logit-bias names token 999999999, outside the vocabulary [0, 49152)")
+    path = prompts_file(tmp_path, 'Name a colour.\n{"prompt": "Count.", "logit_bias": {"999999": 1}}\n')
+    status = run_main(["batch", "--prompts", path, "--max-tokens", "2"])
+    captured = capsys.readouterr()
+    assert_user_error(status, captured.out, captured.err,
+                      "request 1: logit_bias names token 999999, outside the vocabulary [0, 49152)")
+
+
+@pytest.mark.parametrize("argv, stdin, fragments", [
+    ([b"generate", b"--prompt", b"caf\xe9 au lait"], b"", ["--prompt is not valid UTF-8 text (character 4)"]),
+    ([b"generate"], b"caf\xe9", ["standard input is not valid UTF-8 text"]),
+], ids=["prompt", "stdin"])
+def test_text_that_is_not_utf8_is_a_user_error(argv, stdin, fragments):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (or fail to decode): one
+    line, exit 2, before a model is loaded."""
+    run = subprocess.run([sys.executable.encode(), b"-m", b"tiny_llm", *argv, b"--model", b"/nonexistent/model"],
+                         input=stdin, capture_output=True, timeout=120)
+    assert_user_error(run.returncode, run.stdout.decode(), run.stderr.decode(), *fragments)
+
+
+def test_chat_skips_a_line_that_is_not_utf8_and_goes_on():
+    run = subprocess.run([sys.executable, "-m", "tiny_llm", "chat", "--max-tokens", "3"],
+                         input=b"caf\xe9\nWhat is the capital of France?\n", capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "tiny-llm: error: that line is not valid UTF-8 text" in run.stderr.decode()
+    assert "Traceback" not in run.stderr.decode()
+    assert run.stdout.decode().strip().startswith("The capital")  # the next line was answered
 
 
 def test_batch_answers_every_request_like_generate(tmp_path):

@@ -242,3 +242,27 @@ def test_aliases_satisfy_switched_on_stages():
     """A stage given by its alias counts as present for the "stage missing" check."""
     p = SamplingParams(top_k=5, top_p=0.9, temperature=0.5, order="top-k;nucleus;temp")
     assert tuple(p.order) == ("top_k", "top_p", "temperature")
+
+
+@pytest.mark.parametrize("params, message", [
+    (SamplingParams(logit_bias={49152: 1.0, 3: -1.0}), "logit_bias names token 49152, outside the vocabulary [0, 49152)"),
+    (SamplingParams(eos_token_ids=(7, 60000, 50000)), "eos_token_ids names token 50000, outside the vocabulary"),
+    (SamplingParams(dry_sequence_breakers=((5, 49153), "\n")), "dry_sequence_breakers names token 49153"),
+], ids=["logit-bias", "eos", "dry-breakers"])
+def test_token_ids_outside_the_vocabulary_are_refused(params, message):
+    """Checked where the model's vocabulary is known (a request's admission, the CLI after
+    loading), before anything runs: the smallest id outside is named."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        params.check_vocabulary(49152)
+
+
+def test_token_ids_inside_the_vocabulary_pass():
+    params = SamplingParams(logit_bias={49151: 1.0, 0: -1.0}, eos_token_ids=(0,), dry_sequence_breakers=((49151,),))
+    assert params.check_vocabulary(49152) is None
+
+
+def test_a_single_string_of_sequence_breakers_is_refused():
+    """A string is a sequence of characters: "abc" would silently become three breakers."""
+    with pytest.raises(ValueError, match=re.escape("got the string 'abc' (write ['abc'])")):
+        SamplingParams(dry_sequence_breakers="abc")
+    assert SamplingParams(dry_sequence_breakers=["abc"]).dry_sequence_breakers == ("abc",)

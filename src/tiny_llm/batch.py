@@ -133,6 +133,8 @@ class BatchGenerator:
         params = SamplingParams(temperature=0.0) if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams or None, got {type(params).__name__}")
+        if vocab:
+            params.check_vocabulary(vocab)
         sampler = Sampler([params], self.tokenizer)  # may still refuse the params
         uid, self._next_uid = self._next_uid, self._next_uid + 1
         self._waiting.append(_Request(

@@ -308,14 +308,39 @@ def _print_beams(model, tokenizer, text: str, args: argparse.Namespace) -> None:
         print(h.text, flush=True)
 
 
+def _user_text(text: str, where: str) -> str:
+    """`text`, if it is text: bytes that are not UTF-8 reach Python as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{where} is not valid UTF-8 text (character {e.start + 1})") from None
+    return text
+
+
+def _read_stdin() -> str:
+    try:
+        return _user_text(sys.stdin.read(), "standard input")
+    except UnicodeDecodeError as e:
+        raise UserError(f"standard input is not valid UTF-8 text (byte {e.start + 1})") from None
+
+
+def _check_vocabulary(params, model) -> None:
+    """Token ids in the flags must exist in the model's vocabulary (known once it is loaded)."""
+    try:
+        params.check_vocabulary(model.args.vocab_size)
+    except ValueError as e:
+        raise UserError(_flag_names(str(e))) from None
+
+
 def _generate(args: argparse.Namespace) -> None:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = _user_text(args.prompt, "--prompt") if args.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise UserError("the prompt is empty: pass --prompt TEXT or text on standard input")
     params = _sampling(args)  # check the flags before loading anything
     _check_beams(args)
     speculative = _check_speculative(args, params)
     model, tokenizer = _load(args)
+    _check_vocabulary(params, model)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
     if args.num_beams > 1:
         _print_beams(model, tokenizer, text, args)
@@ -361,8 +386,9 @@ def _check_speculative(args: argparse.Namespace, params) -> dict | None:
 
 
 def _chat(args: argparse.Namespace) -> None:
-    _sampling(args)
+    params = _sampling(args)
     model, tokenizer = _load(args)
+    _check_vocabulary(params, model)
     sampler = _make_sampler(args, tokenizer)  # one sampler: its seed stream runs across turns
     interactive = sys.stdin.isatty()
     if interactive:
@@ -370,12 +396,16 @@ def _chat(args: argparse.Namespace) -> None:
     messages: list[dict] = []
     while True:
         try:
-            line = input(">> " if interactive else "")
+            line = _user_text(input(">> " if interactive else ""), "that line")
         except EOFError:
             print(file=sys.stderr)
             return
         except KeyboardInterrupt:
             print(file=sys.stderr)
+            continue
+        except (UserError, UnicodeDecodeError) as e:  # the conversation goes on without it
+            why = e if isinstance(e, UserError) else f"that line is not valid UTF-8 text (byte {e.start + 1})"
+            print(f"tiny-llm: error: {why}", file=sys.stderr)
             continue
         if not line.strip():
             continue
@@ -400,9 +430,13 @@ def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, o
     fields. With --seed S, request i without its own seed gets S + i."""
     path = Path(args.prompts)
     try:
-        lines = path.read_text().splitlines()
+        data = path.read_bytes()
+        lines = data.decode("utf-8").splitlines()
     except OSError as e:
         raise UserError(f"cannot read --prompts {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}:{line}: not valid UTF-8 text (byte {e.start + 1} of the file)") from None
     fields = {f.name for f in dataclasses.fields(defaults)}
     requests = []
     for number, line in enumerate(lines, 1):
@@ -429,6 +463,9 @@ def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, o
         if "seed" not in changes and defaults.seed is not None:
             changes["seed"] = defaults.seed + len(requests)
         if "logit_bias" in changes and isinstance(changes["logit_bias"], dict):
+            for key in changes["logit_bias"]:
+                if not key.strip().isdecimal():  # JSON object keys are strings
+                    raise UserError(f"{where}: logit_bias keys are token ids such as \"15043\", got {key!r}")
             changes["logit_bias"] = {int(k): v for k, v in changes["logit_bias"].items()}
         try:
             params = dataclasses.replace(defaults, **changes)

@@ -128,6 +128,9 @@ class SamplingParams:
         f("dry_base", self.dry_base, minimum=1.0, min_open=True)
         check_int("dry_allowed_length", self.dry_allowed_length, minimum=1)
         check_int("dry_penalty_last_n", self.dry_penalty_last_n, minimum=-1)
+        if isinstance(self.dry_sequence_breakers, str | bytes):  # would split into characters
+            raise ValueError(f"dry_sequence_breakers must be a list of strings or token-id sequences, "
+                             f"got the string {self.dry_sequence_breakers!r} (write [{self.dry_sequence_breakers!r}])")
         breakers = []
         for b in self.dry_sequence_breakers:
             if isinstance(b, str):
@@ -182,6 +185,17 @@ class SamplingParams:
 
     def __hash__(self):
         return hash(tuple((f.name, repr(getattr(self, f.name))) for f in fields(self)))
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Raise `ValueError` when a token id of these parameters (`logit_bias`,
+        `eos_token_ids`, `dry_sequence_breakers`) is outside a vocabulary of `vocab_size`
+        tokens. Called where the model is known, before anything runs."""
+        breakers = [t for b in self.dry_sequence_breakers if not isinstance(b, str) for t in b]
+        for name, ids in (("logit_bias", self.logit_bias), ("eos_token_ids", self.eos_token_ids),
+                          ("dry_sequence_breakers", breakers)):
+            outside = sorted(t for t in ids if t >= vocab_size)
+            if outside:
+                raise ValueError(f"{name} names token {outside[0]}, outside the vocabulary [0, {vocab_size})")
 
     def enabled_stages(self) -> list[str]:
         """The stages whose parameters are not "off"."""
