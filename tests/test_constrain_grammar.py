@@ -85,6 +85,8 @@ def test_gbnf_constructs(gbnf, yes, no):
     ('root ::= root "a" | "b"', r"rule 'root' is left-recursive"),
     ('root ::= x\nx ::= "a"? root', r"rule '(root|x)' is left-recursive"),
     ('root ::= ("a"?)*', r"rule 'root' is left-recursive"),
+    (r"root ::= [^\x00-\U0010FFFF]", r"rule 'root' matches no text"),
+    ('root ::= "a" x\nx ::= "b" x', r"rule 'root' matches no text"),  # x never ends
 ])
 def test_gbnf_errors(gbnf, message):
     with pytest.raises(ValueError, match=message):
@@ -96,6 +98,22 @@ def test_the_largest_allowed_repetition_compiles_and_counts_exactly():
     grammar = Grammar.from_gbnf('root ::= "a"{0,10000}')
     assert grammar.accepts("a" * 10000) and grammar.accepts("")
     assert not grammar.accepts("a" * 10001)
+
+
+def test_alternatives_that_cannot_be_completed_are_dropped():
+    """A prefix is accepted only if some text completes it: an alternative that needs an
+    empty class or a rule without an end is never entered, so sampling cannot dead-end in it."""
+    g = Grammar.from_gbnf('root ::= "a" x | "a" y | "b"\nx ::= "c" x\ny ::= [^\\x00-\\U0010FFFF]')
+    assert g.accepts("b") and not g.accepts_prefix("a") and not g.accepts_prefix("ac")
+    g = Grammar.from_gbnf('root ::= "a" x | "b"\nx ::= "c" x | "d"')  # x ends: kept
+    assert g.accepts("acccd") and g.accepts_prefix("acc")
+
+
+def test_a_grammar_of_only_the_empty_text_says_so():
+    assert Grammar.from_gbnf('root ::= ""').matches_only_empty()
+    assert Grammar.from_regex("").matches_only_empty() and Grammar.from_regex("(|)").matches_only_empty()
+    assert not Grammar.from_gbnf('root ::= "" | "a"').matches_only_empty()
+    assert not Grammar.from_gbnf('root ::= "é"').matches_only_empty()  # its first byte is not ASCII
 
 
 def test_gbnf_needs_text():

@@ -220,3 +220,17 @@ def test_repetition_counts_have_a_limit(pattern, count):
 def test_pattern_must_be_a_str(pattern):
     with pytest.raises(ValueError, match=f"pattern must be a str, got {type(pattern).__name__}"):
         regex_to_gbnf(pattern)
+
+
+@pytest.mark.parametrize("pattern", [r"[^\s\S]", r"ab[^\s\S]", r"(a[^\s\S])+", r"x(?:[^\d\D]|[^\w\W])"])
+def test_a_pattern_that_matches_nothing_is_refused(pattern):
+    """Python compiles these, but no text fully matches them: refused when compiled, not
+    when the first token finds nothing to allow."""
+    assert not any(re.fullmatch(pattern, t) for t in ["", "a", "ab", "aa", "x", "xa", "ab\n"])
+    with pytest.raises(ValueError, match=re.escape(f"regex: {pattern!r} matches no text")):
+        Grammar.from_regex(pattern)
+
+
+def test_a_branch_that_matches_nothing_is_never_entered():
+    g = Grammar.from_regex(r"a|b[^\s\S]")
+    assert g.accepts("a") and not g.accepts_prefix("b")

@@ -41,6 +41,10 @@ from .limits import MAX_REPEAT
 ANY = ("chars", (), True)
 
 
+class NoTextError(ValueError):
+    """The grammar's start rule matches no text at all."""
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
@@ -297,6 +301,7 @@ class Program:
                 self.kind.append(END), self.arg.append(-1)
         self.root = self._ids[root]
         self._check_left_recursion()
+        self._drop_dead_ends()
 
     def _new_rule(self, name: str) -> int:
         if hasattr(self, "owner"):
@@ -373,6 +378,50 @@ class Program:
                 if q not in seen:
                     seen.add(q)
                     todo.extend(first[q])
+
+    def _drop_dead_ends(self) -> None:
+        """Drop the alternatives that can never be completed: they need a character of a
+        class no character is in, or a rule that matches no text. Then every prefix the
+        automaton accepts can still be finished; a start rule left with no alternative is an
+        error. Linear: each alternative counts the rules it still waits for."""
+        empty = [_is_empty(cs) for cs in self.charsets]
+        waiting: list[int] = []  # per alternative: rules not yet known to match (-1: never)
+        owner: list[int] = []
+        users: list[list[int]] = [[] for _ in self.names]  # rule -> alternatives that use it
+        done = deque()
+        for rule, starts in enumerate(self.alts):
+            for i in starts:
+                count, dead = 0, False
+                while self.kind[i] != END:
+                    if self.kind[i] == CHAR:
+                        dead = dead or empty[self.arg[i]]
+                    else:
+                        users[self.arg[i]].append(len(waiting))
+                        count += 1
+                    i += 1
+                if not dead and count == 0:
+                    done.append(rule)
+                waiting.append(-1 if dead else count)
+                owner.append(rule)
+        matches = [False] * len(self.names)
+        while done:
+            rule = done.popleft()
+            if matches[rule]:
+                continue
+            matches[rule] = True
+            for a in users[rule]:
+                if waiting[a] > 0:
+                    waiting[a] -= 1
+                    if waiting[a] == 0:
+                        done.append(owner[a])
+        if not matches[self.root]:
+            raise NoTextError(f"grammar: rule {self.names[self.root]!r} matches no text (every alternative "
+                             f"needs a character class that no character is in, like [^\\x00-\\U0010FFFF], "
+                             f"or a rule that matches no text)")
+        a = 0
+        for rule, starts in enumerate(self.alts):
+            self.alts[rule] = [i for k, i in enumerate(starts, a) if waiting[k] == 0]
+            a += len(starts)
 
     def _nullable_from(self, i: int, nullable: list[bool]) -> bool:
         while self.kind[i] != END:
@@ -525,6 +574,12 @@ def _matcher(charset: tuple):
     return lambda cp: any(lo <= cp <= hi for lo, hi in ranges) != negated
 
 
+def _is_empty(charset: tuple) -> bool:
+    """No character is in `charset` (surrogates are not characters: UTF-8 has none)."""
+    charset = (tuple(sorted(charset[0])), charset[1])
+    return not _overlaps(charset, 0, 0xD7FF) and not _overlaps(charset, 0xE000, 0x10FFFF)
+
+
 def _overlaps(charset: tuple, lo: int, hi: int) -> bool:
     ranges, negated = charset
     if not negated:
@@ -602,7 +657,15 @@ class Grammar:
         `tiny_llm.constrain.regex` for the supported syntax."""
         from .regex import regex_to_gbnf
 
-        return cls(regex_to_gbnf(pattern))
+        try:
+            return cls(regex_to_gbnf(pattern))
+        except NoTextError:
+            raise NoTextError(f"regex: {pattern!r} matches no text") from None
+
+    def matches_only_empty(self) -> bool:
+        """Whether the empty text is the one sentence of the grammar: nothing to generate."""
+        a = self.automaton
+        return all(a.walk(a.start, bytes([b])) == Automaton.DEAD for b in range(256))
 
     def accepts(self, text: str) -> bool:
         data = text.encode(errors="surrogatepass")  # a lone surrogate is invalid UTF-8: rejected
