@@ -2,11 +2,13 @@
 days, whose tests exercise the students' code)."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
-from conftest import tiny_model, vocab_tokenizer
+from conftest import generate_alone, tiny_model, vocab_tokenizer
 
 import tiny_llm
 from tiny_llm.batch import BatchGenerator, batch_generate
+from tiny_llm.constrain import Grammar
 from tiny_llm.kv_cache import BatchKVCache
 from tiny_llm.sampler import SamplingParams
 
@@ -68,3 +70,105 @@ def test_one_row_at_a_time_matches_each_prompt_alone():
         expected.append(out[:-1] if out[-1] in tok.eos_token_ids else out)
     assert result.tokens == expected
 
+
+
+# ---- a request that fails alone -----------------------------------------------------------
+
+
+class FaultyModel:
+    """`model`, except that on some calls (a seeded choice) one row's next-token logits turn
+    NaN: the request in that row can no longer be sampled, whichever request it is."""
+
+    def __init__(self, model, seed: int, rate: float):
+        self.model, self.rng, self.rate = model, np.random.default_rng(seed), rate
+        self.faults = 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, cache=None):
+        logits = self.model(tokens, cache=cache)
+        if self.rng.random() < self.rate:
+            row = int(self.rng.integers(tokens.shape[0]))
+            self.faults += 1
+            poisoned = mx.arange(tokens.shape[0])[:, None] == row
+            logits = mx.concatenate([logits[:, :-1], mx.where(poisoned, mx.nan, logits[:, -1])[:, None]], axis=1)
+        return logits
+
+
+def run_generator(gen: BatchGenerator, steps: int | None = None, tokens=None, reasons=None, errors=None):
+    """Step `gen` to the end (or `steps` times), adding each uid's tokens, finish reason and
+    error to the dicts given (new ones if none)."""
+    tokens, reasons, errors = ({} if d is None else d for d in (tokens, reasons, errors))
+    while gen.has_work() and steps != 0:
+        for r in gen.step():
+            if r.token is not None and r.finish_reason != "stop":
+                tokens.setdefault(r.uid, []).append(r.token)
+            if r.finish_reason:
+                reasons[r.uid], errors[r.uid] = r.finish_reason, r.error
+        steps = None if steps is None else steps - 1
+    return tokens, reasons, errors
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_requests_that_fail_at_random_steps_leave_the_others_unchanged(seed):
+    """Fault injection: sixteen seeded requests through four rows, a row poisoned at random
+    on a fifth of the model calls. Each failed request ends alone with finish_reason "error"
+    naming its uid, the tokens it had are its solo run's; every other request's tokens
+    equal its solo run."""
+    model, _ = tiny_model("qwen2-untied", seed=40)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    rng = np.random.default_rng(seed)
+    requests = [([int(t) for t in rng.integers(1, model.args.vocab_size, int(rng.integers(1, 6)))],
+                 int(rng.integers(3, 9)), SamplingParams(temperature=0.9, top_k=20, seed=i)) for i in range(16)]
+    faulty = FaultyModel(model, seed, rate=0.2)
+    gen = BatchGenerator(faulty, tok, max_batch_size=4)
+    uids = [gen.insert(p, n, params) for p, n, params in requests]
+    tokens, reasons, errors = run_generator(gen)
+    failed = [u for u in uids if reasons[u] == "error"]
+    assert faulty.faults >= 2 and 1 <= len(failed) < len(uids)  # the seeds inject real faults
+    for uid, (prompt, n, params) in zip(uids, requests):
+        alone = generate_alone(model, tok, prompt, n, params)
+        if uid in failed:
+            assert errors[uid].startswith(f"request {uid}: the logits have no finite value")
+            assert tokens.get(uid, []) == alone[:len(tokens.get(uid, []))]
+        else:
+            assert errors[uid] is None and tokens.get(uid, []) == alone, uid
+
+
+def test_a_grammar_dead_end_ends_that_request_alone():
+    """A grammar that needs a character no token has: the request ends with an error naming
+    its uid (not its row); the rows around it give their solo tokens."""
+    model, _ = tiny_model("qwen2-untied", seed=40)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, grammar=Grammar.from_regex("w1q")),
+              SamplingParams(temperature=0.7, seed=3)]
+    prompts = [[5, 17, 3], [44, 2], [8]]
+    result = batch_generate(model, tok, prompts, 6, params=params, max_batch_size=2)
+    assert result.finish_reasons == ["length", "error", "length"]
+    assert result.tokens[1] == [1] and result.texts[1] == "w1"  # what it had is kept
+    assert result.errors[1].startswith("request 1: the grammar allows no token here")
+    assert result.errors[0] is None and result.errors[2] is None
+    for i in (0, 2):
+        assert result.tokens[i] == generate_alone(model, tok, prompts[i], 6, params[i])
+
+
+def test_cancel_takes_a_request_out_of_the_queue_or_the_batch():
+    """Cancelling a waiting and a running request: they never answer again, the others
+    give their solo tokens; an unknown uid is False."""
+    model, _ = tiny_model("qwen2-untied", seed=40)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    prompts = [[5, 17, 3], [44, 2], [8], [9, 9]]
+    params = [SamplingParams(temperature=0.8, seed=i) for i in range(4)]
+    gen = BatchGenerator(model, tok, max_batch_size=2)
+    for p, sp in zip(prompts, params):
+        gen.insert(p, 8, sp)
+    tokens, reasons, errors = run_generator(gen, steps=2)
+    assert gen.running == [0, 1] and gen.waiting == [2, 3]
+    assert gen.cancel(3) and gen.waiting == [2]
+    assert gen.cancel(0) and gen.running == [1]
+    assert not gen.cancel(0) and not gen.cancel(99)
+    run_generator(gen, None, tokens, reasons, errors)
+    assert sorted(reasons) == [1, 2]
+    for uid in (1, 2):
+        assert tokens.get(uid, []) == generate_alone(model, tok, prompts[uid], 8, params[uid])

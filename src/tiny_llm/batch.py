@@ -25,7 +25,7 @@ import mlx.core as mx
 from .generate import prefill
 from .kv_cache import BatchKVCache
 from .sampler import Sampler, SamplingParams
-from .sampler.checks import check_int
+from .sampler.checks import RowError, check_int
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
 
@@ -33,13 +33,16 @@ from .tokenizer import StreamingDetokenizer, Tokenizer
 class BatchResponse:
     """One generated token of one request. `text` is the newly released text;
     `finish_reason` is `"stop"` (end-of-sequence token, not shown), `"length"`
-    (`max_tokens` reached) or None while the request goes on."""
+    (`max_tokens` reached), `"error"` (the request failed alone: `error` says why, `token`
+    is None and `text` is whatever its detokenizer still held) or None while the request
+    goes on."""
 
     uid: int
-    token: int
+    token: int | None
     text: str
     generation_tokens: int
     finish_reason: str | None
+    error: str | None = None
 
 
 @dataclass
@@ -69,6 +72,7 @@ class BatchResult:
     tokens: list[list[int]]  # generated tokens, without a final end-of-sequence token
     finish_reasons: list[str]
     stats: BatchStats
+    errors: list[str | None] = field(default_factory=list)  # why each "error" request failed
 
 
 @dataclass
@@ -163,11 +167,48 @@ class BatchGenerator:
         if not self._rows:
             return []
         start = time.perf_counter()
-        responses = self._decode()
+        failed = []
+        while True:
+            try:
+                responses = failed + self._decode()
+                break
+            except RowError as e:  # nothing has changed yet: the row leaves, the others go on
+                r = self._rows[e.row]
+                r.detokenizer.finalize()  # what it still held is released with the error
+                failed.append(BatchResponse(r.uid, None, r.detokenizer.last_segment, r.generated, "error",
+                                            f"request {r.uid}: {e.reason}"))
+                self._remove(e.row)
+                if not self._rows:
+                    return failed
         self.stats.generation_time += time.perf_counter() - start
         self.stats.generation_tokens += len(responses)
         self.stats.peak_memory = max(self.stats.peak_memory, mx.get_peak_memory() / 1e9)
         return responses
+
+    def cancel(self, uid: int) -> bool:
+        """Take request `uid` out of the queue or the running batch (a client that went
+        away); True if it was there. The other rows go on with unchanged tokens."""
+        for r in self._waiting:
+            if r.uid == uid:
+                self._waiting.remove(r)
+                return True
+        for b, r in enumerate(self._rows):
+            if r.uid == uid:
+                self._remove(b)
+                return True
+        return False
+
+    def _remove(self, b: int) -> None:
+        """Drop running row `b`: its cache rows, sampler row and next-token logits."""
+        keep = [k for k in range(len(self._rows)) if k != b]
+        if not keep:
+            self._rows, self._cache, self._sampler, self._logits = [], None, None, None
+            return
+        for c in self._cache:
+            c.filter(keep)
+        self._sampler = self._sampler.select(keep)
+        self._rows = [self._rows[k] for k in keep]
+        self._logits = self._logits[mx.array(keep)]
 
     def _admit(self) -> None:
         """Prefill as many waiting requests as there are free rows, as one left-padded
@@ -258,12 +299,12 @@ def batch_generate(
         except ValueError as e:
             raise ValueError(f"prompt {i}: {e}") from None
     mx.reset_peak_memory()
-    texts, tokens, reasons = [""] * n, [[] for _ in range(n)], [""] * n
+    texts, tokens, reasons, errors = [""] * n, [[] for _ in range(n)], [""] * n, [None] * n
     while gen.has_work():
         for r in gen.step():
             texts[r.uid] += r.text
-            if r.finish_reason != "stop":
+            if r.token is not None and r.finish_reason != "stop":
                 tokens[r.uid].append(r.token)
             if r.finish_reason:
-                reasons[r.uid] = r.finish_reason
-    return BatchResult(texts, tokens, reasons, gen.stats)
+                reasons[r.uid], errors[r.uid] = r.finish_reason, r.error
+    return BatchResult(texts, tokens, reasons, gen.stats, errors)

@@ -154,6 +154,9 @@ def _grammar(args: argparse.Namespace):
                 args._grammar = Grammar.from_gbnf(text) if flag == "--grammar" else Grammar.from_json_schema(text)
         except ValueError as e:
             raise UserError(f"{flag} {value}: {e}") from None
+        if args._grammar.matches_only_empty():
+            args._grammar = None
+            raise UserError(f"{flag} {value}: matches only the empty text, so there is nothing to generate")
     return args._grammar
 
 
@@ -477,7 +480,7 @@ def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, o
     return requests
 
 
-def _batch(args: argparse.Namespace) -> None:
+def _batch(args: argparse.Namespace) -> int:
     from .batch import BatchGenerator
 
     if args.max_tokens < 1:
@@ -497,6 +500,7 @@ def _batch(args: argparse.Namespace) -> None:
     texts = {i: [] for i in range(len(requests))}
     counts = dict.fromkeys(texts, 0)
     done: list[int] = []
+    failed: list[int] = []
     live = sys.stderr.isatty()
     while gen.has_work():
         for r in gen.step():
@@ -508,6 +512,9 @@ def _batch(args: argparse.Namespace) -> None:
                     print("\r\033[K", end="", file=sys.stderr)
                 print(f"--- request {r.uid} ({r.finish_reason}, {r.generation_tokens} tokens) ---", flush=True)
                 print("".join(texts[r.uid]), flush=True)
+                if r.error:  # this request alone failed; the others go on
+                    failed.append(r.uid)
+                    print(f"tiny-llm: error: {r.error}", file=sys.stderr, flush=True)
         running = " ".join(f"#{u} {counts[u]}/{requests[u][1]}" for u in gen.running)
         status = f"running: {running or '-'} | waiting: {len(gen.waiting)} | done: {len(done)}/{len(requests)}"
         if live:
@@ -521,6 +528,7 @@ def _batch(args: argparse.Namespace) -> None:
         print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tokens/s\n"
               f"generation: {s.generation_tokens} tokens, {s.generation_tps:.1f} tokens/s\n"
               f"peak memory: {s.peak_memory:.3f} GB", file=sys.stderr)
+    return 1 if failed else 0  # every request was answered, but not all of them well
 
 
 def _smoke(args: argparse.Namespace) -> None:
@@ -597,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        args.run(args)
+        status = args.run(args)
     except UserError as e:
         print(f"tiny-llm: error: {e}", file=sys.stderr)
         return 2
@@ -609,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,16 @@ import math
 import numbers
 
 
+class RowError(ValueError):
+    """A problem with one row of a batch (`row`, its index in the logits): the other rows
+    can be sampled without it. Raised before any state changes."""
+
+    def __init__(self, row: int, message: str):
+        super().__init__(f"row {row}: {message}")
+        self.row = row
+        self.reason = message
+
+
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """`value` as an int; `ValueError` naming `name` if it is not an integer in range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..constrain import TokenMatcher, TokenTable
 from . import fast, rng, stages
+from .checks import RowError
 from .dry import dry_penalties
 from .params import SamplingParams
 
@@ -179,12 +180,10 @@ class Sampler:
         top = mx.max(x, axis=-1).tolist()
         for row, value in enumerate(top):
             if math.isnan(value) or value == math.inf:
-                raise ValueError(f"row {row} of the logits has +inf: probabilities are undefined")
+                raise RowError(row, "the logits have +inf: probabilities are undefined")
             if value == -math.inf:
-                raise ValueError(
-                    f"row {row} of the logits has no finite value (after logit_bias and "
-                    f"min_tokens): nothing can be sampled"
-                )
+                raise RowError(row, "the logits have no finite value (after logit_bias and min_tokens): "
+                                    "nothing can be sampled")
         if history is None:
             hist = [[] for _ in range(B)]
         else:
@@ -466,8 +465,8 @@ class Sampler:
             if self._matchers[i]:
                 masks[b] = self._matchers[i].mask(states[b], V)
                 if not masks[b].any():
-                    raise ValueError(f"row {b}: the grammar allows no token here (the text so far can "
-                                     f"only go on with characters no token of this vocabulary has)")
+                    raise RowError(b, "the grammar allows no token here (the text so far can only go on "
+                                      "with characters no token of this vocabulary has)")
         allowed = mx.array(masks)
         out = mx.where(allowed, final, -math.inf)
         emptied = (mx.max(out, axis=-1) == -math.inf).tolist()
