@@ -299,33 +299,34 @@ def test_chat_skips_a_line_that_is_not_utf8_and_goes_on():
     assert run.stdout.decode().strip().startswith("The capital")  # the next line was answered
 
 
-def test_batch_answers_every_request_like_generate(tmp_path):
+def test_batch_answers_every_request_like_generate(tmp_path, greedy_run):
     """Three requests through two rows: each is printed once, with its reason and count; the
-    greedy ones equal `generate`'s text, and the seeded JSON one repeats run to run."""
+    greedy ones equal `generate`'s text (the first, a prefix of the shared 12-token run), and the seeded one equals `generate` with its seed
+    and temperature (its random stream is its own, whatever rows share the batch)."""
     import tiny_llm
 
     lines = [PROMPT, '{"prompt": "Name a colour.", "max_tokens": 5, "temperature": 0.8, "seed": 3}',
              "", "Count to three."]
     path = prompts_file(tmp_path, "\n".join(lines) + "\n")
-    runs = [run_captured(["batch", "--prompts", path, "--max-tokens", "8", "--max-batch-size", "2"])
-            for _ in range(2)]
-    status, out, err = runs[0]
+    status, out, err = run_captured(["batch", "--prompts", path, "--max-tokens", "8", "--max-batch-size", "2"])
     assert status == 0, err
-    assert runs[1][1] == out  # the same text again
     blocks = {u: t for u, _, t in re.findall(r"--- request (\d) \((stop|length), \d+ tokens\) ---\n(.*?)\n(?=---|\Z)", out, re.S)}
     assert sorted(blocks) == ["0", "1", "2"]
     model, tokenizer = tiny_llm.load("default")
-    for uid, prompt in (("0", PROMPT), ("2", "Count to three.")):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        assert blocks[uid] == tiny_llm.generate(model, tokenizer, text, 8)
+    assert blocks["0"].strip() and greedy_run[1].startswith(blocks["0"])
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Count to three."}])
+    assert blocks["2"] == tiny_llm.generate(model, tokenizer, text, 8)
+    seeded = run_captured(["generate", "--prompt", "Name a colour.", "--max-tokens", "5", "--temp", "0.8", "--seed", "3"])
+    assert seeded[0] == 0, seeded[2]
+    assert blocks["1"] == seeded[1].rstrip("\n") and blocks["1"].strip()
 
 
 def test_generate_without_kv_cache_gives_the_same_text(greedy_run):
-    """--no-kv-cache runs week 1's loop: the same greedy text (4 tokens: it is slow)."""
-    fast = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "4"])
-    slow = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "4", "--no-kv-cache", "--no-fused"])
-    assert fast[0] == slow[0] == 0
-    assert fast[1] == slow[1] and fast[1].strip()
+    """--no-kv-cache runs week 1's loop: the same greedy text (3 tokens, a prefix of the
+    shared 12-token run: it is slow)."""
+    slow = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "3", "--no-kv-cache", "--no-fused"])
+    assert greedy_run[0] == slow[0] == 0
+    assert slow[1].strip() and greedy_run[1].startswith(slow[1].rstrip("\n"))
 
 
 # ---------------------------------------------------------------------------------------------
