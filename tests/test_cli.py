@@ -248,9 +248,20 @@ def prompts_file(tmp_path, text: str) -> str:
     ('Hello\n{"prompt": "Count.", "logit_bias": {"abc": 1}}\n', [],
      ["prompts.txt:2", 'logit_bias keys are token ids such as "15043"', "'abc'"]),
     (b"Hello\nCaf\xe9\n", [], ["prompts.txt:2", "not valid UTF-8 text", "byte 10"]),
+    ('{"prompt": "Count.", "order": 5}\n', [], ["prompts.txt:1: order must be a preset name", "got 5"]),
+    ('{"prompt": "Count.", "eos_token_ids": 2}\n', [], ["prompts.txt:1: eos_token_ids must be a list of token ids, got 2"]),
+    ('{"prompt": "Count.", "regex": "a(b"}\n', [], ["prompts.txt:1: regex: regex: missing ), unterminated subpattern (position 1 in 'a(b')"]),
+    ('{"prompt": "Count.", "regex": "[^\\\\s\\\\S]"}\n', [], ["prompts.txt:1: regex:", "matches no text"]),
+    ('{"prompt": "Count.", "regex": ""}\n', [], ["prompts.txt:1: regex: matches only the empty text"]),
+    ('{"prompt": "Count.", "regex": "a", "grammar": "root ::= \\"a\\""}\n', [],
+     ["prompts.txt:1: give one of grammar, regex and json_schema, not grammar and regex"]),
+    ('{"prompt": "Count.", "json_schema": {"type": "object", "not": {}}}\n', [],
+     ["prompts.txt:1: json_schema:", "'not' at #"]),
+    ('{"prompt": "Count.", "grammar": 5}\n', [], ["prompts.txt:1: grammar must be text, got 5"]),
 ], ids=["missing-file", "bad-json", "no-prompt-key", "unknown-key", "bad-field", "bad-max-tokens",
         "empty-prompt", "no-prompts", "batch-size-0", "prefill-step-0", "max-tokens-unlimited",
-        "logit-bias-key-not-a-number", "not-utf-8"])
+        "logit-bias-key-not-a-number", "not-utf-8", "order-not-a-list", "eos-not-a-list", "bad-regex",
+        "regex-matches-nothing", "regex-only-empty", "two-constraints", "bad-schema", "grammar-not-text"])
 def test_batch_user_errors(tmp_path, text, extra, fragments, capsys):
     """Every problem in the prompts file or flags is one line naming the place, exit 2,
     before a model is loaded."""
@@ -262,6 +273,19 @@ def test_batch_user_errors(tmp_path, text, extra, fragments, capsys):
     status = run_main(["batch", "--prompts", path, *extra, *NO_MODEL])
     captured = capsys.readouterr()
     assert_user_error(status, captured.out, captured.err, *fragments)
+
+
+def test_batch_lines_carry_their_own_constraints(tmp_path):
+    """A batch line's "regex" and "json_schema" (an object) constrain that request alone; a
+    line without one runs free."""
+    lines = ['{"prompt": "Give a number.", "regex": "[0-9]{2}"}',
+             '{"prompt": "Give a number.", "json_schema": {"type": "integer", "minimum": 100, "maximum": 999}}']
+    status, out, err = run_captured(["batch", "--prompts", prompts_file(tmp_path, "\n".join(lines) + "\n"),
+                                     "--max-tokens", "6"])
+    assert status == 0, err
+    blocks = dict(re.findall(r"--- request (\d) \(stop, \d+ tokens\) ---\n(.*?)\n(?=---|\Z)", out, re.S))
+    assert re.fullmatch(r"[0-9]{2}", blocks["0"]), out
+    assert re.fullmatch(r"[1-9][0-9]{2}", blocks["1"].strip()), out
 
 
 def test_token_ids_outside_the_vocabulary_are_user_errors(tmp_path, capsys):

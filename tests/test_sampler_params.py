@@ -266,3 +266,21 @@ def test_a_single_string_of_sequence_breakers_is_refused():
     with pytest.raises(ValueError, match=re.escape("got the string 'abc' (write ['abc'])")):
         SamplingParams(dry_sequence_breakers="abc")
     assert SamplingParams(dry_sequence_breakers=["abc"]).dry_sequence_breakers == ("abc",)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("order", 5, "order must be a preset name, stage names separated by ';', or a list of stage names, got 5"),
+    ("order", {"top_k": 1}, "order must be a preset name"),
+    ("logit_bias", [1, 2], "logit_bias must be a mapping of token id to bias, got [1, 2]"),
+    ("logit_bias", None, "logit_bias must be a mapping of token id to bias, got None"),
+    ("eos_token_ids", 2, "eos_token_ids must be a list of token ids, got 2"),
+    ("eos_token_ids", "2", "eos_token_ids must be a list of token ids, got '2'"),
+    ("dry_sequence_breakers", 5, "dry_sequence_breakers must be a list of strings or token-id sequences, got 5"),
+    ("dry_sequence_breakers", [7], "dry_sequence_breakers entry must be a list of token ids, got 7"),
+    ("dry_sequence_breakers", ["\n", None], "dry_sequence_breakers entry must be a list of token ids, got None"),
+])
+def test_collection_fields_of_the_wrong_type_are_named(field, value, message):
+    """A JSON request can carry any type: each field says what it takes instead of a
+    TypeError from inside the check."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(**{field: value})

@@ -131,8 +131,6 @@ def _sampling(args: argparse.Namespace, tokenizer=None):
 
 def _grammar(args: argparse.Namespace):
     """The grammar of --grammar, --json-schema or --regex (parsed once), or None."""
-    from .constrain import Grammar
-
     given = [(flag, value) for flag, value in (("--grammar", args.grammar_file), ("--json-schema", args.json_schema),
                                                ("--regex", args.regex)) if value is not None]
     if len(given) > 1:
@@ -143,20 +141,15 @@ def _grammar(args: argparse.Namespace):
         return None
     if getattr(args, "_grammar", None) is None:
         flag, value = given[0]
-        try:
-            if flag == "--regex":
-                args._grammar = Grammar.from_regex(value)
-            else:
-                try:
-                    text = Path(value).read_text()
-                except OSError as e:
-                    raise UserError(f"cannot read {flag} {value}: {e.strerror or e}") from None
-                args._grammar = Grammar.from_gbnf(text) if flag == "--grammar" else Grammar.from_json_schema(text)
-        except ValueError as e:
-            raise UserError(f"{flag} {value}: {e}") from None
-        if args._grammar.matches_only_empty():
-            args._grammar = None
-            raise UserError(f"{flag} {value}: matches only the empty text, so there is nothing to generate")
+        text = value
+        if flag != "--regex":
+            try:
+                text = Path(value).read_text(encoding="utf-8")
+            except OSError as e:
+                raise UserError(f"cannot read {flag} {value}: {e.strerror or e}") from None
+            except UnicodeDecodeError as e:
+                raise UserError(f"{flag} {value} is not valid UTF-8 text (byte {e.start + 1})") from None
+        args._grammar = _compile_grammar(flag.strip("-").replace("-", "_"), text, f"{flag} {value}")
     return args._grammar
 
 
@@ -427,10 +420,31 @@ def _chat(args: argparse.Namespace) -> None:
             _print_stats(last, sampler)
 
 
+def _compile_grammar(kind: str, value, label: str):
+    """The grammar of `value`: GBNF text (`kind` "grammar"), a pattern ("regex") or a JSON
+    schema ("json_schema": an object or its JSON text). Errors start with `label`."""
+    from .constrain import Grammar
+
+    if kind == "json_schema" and isinstance(value, dict):
+        value = json.dumps(value)
+    if not isinstance(value, str):
+        raise UserError(f"{label} must be " + ("a JSON schema object" if kind == "json_schema" else "text")
+                        + f", got {value!r}")
+    build = {"grammar": Grammar.from_gbnf, "regex": Grammar.from_regex, "json_schema": Grammar.from_json_schema}[kind]
+    try:
+        grammar = build(value)
+    except ValueError as e:
+        raise UserError(f"{label}: {e}") from None
+    if grammar.matches_only_empty():
+        raise UserError(f"{label}: matches only the empty text, so there is nothing to generate")
+    return grammar
+
+
 def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, object]]:
     """`(prompt, max_tokens, SamplingParams)` per request in `--prompts FILE`: one prompt per
-    line, or a JSON object with "prompt" and optional "max_tokens" and SamplingParams
-    fields. With --seed S, request i without its own seed gets S + i."""
+    line, or a JSON object with "prompt" and optional "max_tokens", SamplingParams fields,
+    and a constraint as text: "grammar" (GBNF), "regex" or "json_schema". With --seed S,
+    request i without its own seed gets S + i."""
     path = Path(args.prompts)
     try:
         data = path.read_bytes()
@@ -454,7 +468,7 @@ def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, o
                 raise UserError(f"{where}: not valid JSON ({e.msg})") from None
             if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str):
                 raise UserError(f'{where}: a JSON line needs a "prompt" string')
-        unknown = sorted(set(entry) - fields - {"prompt", "max_tokens"})
+        unknown = sorted(set(entry) - fields - {"prompt", "max_tokens", "regex", "json_schema"})
         if unknown:
             raise UserError(f"{where}: unknown keys {', '.join(unknown)} (use SamplingParams field names)")
         if not entry["prompt"].strip():
@@ -463,6 +477,11 @@ def _read_requests(args: argparse.Namespace, defaults) -> list[tuple[str, int, o
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise UserError(f"{where}: max_tokens must be a positive integer, got {max_tokens!r}")
         changes = {k: v for k, v in entry.items() if k in fields}
+        constraints = [k for k in ("grammar", "regex", "json_schema") if k in entry]
+        if len(constraints) > 1:
+            raise UserError(f"{where}: give one of grammar, regex and json_schema, not {' and '.join(constraints)}")
+        if constraints:
+            changes["grammar"] = _compile_grammar(constraints[0], entry[constraints[0]], f"{where}: {constraints[0]}")
         if "seed" not in changes and defaults.seed is not None:
             changes["seed"] = defaults.seed + len(requests)
         if "logit_bias" in changes and isinstance(changes["logit_bias"], dict):

@@ -31,6 +31,12 @@ PRESETS: dict[str, tuple[str, ...]] = {
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
 
+def _check_list(name: str, value, what: str) -> None:
+    """`value` must be a list or tuple (of `what`), not a string, a number or None."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{name} must be a list of {what}, got {value!r}")
+
+
 def resolve_order(order: str | Sequence[str] | None) -> tuple[str, ...]:
     """Stage names in the order they run; `order` is a preset name, a `;`-separated string
     of stage names (llama.cpp's `--samplers`), a sequence of names, or None (llama.cpp)."""
@@ -40,8 +46,11 @@ def resolve_order(order: str | Sequence[str] | None) -> tuple[str, ...]:
         if order in PRESETS:
             return PRESETS[order]
         names = [n for n in order.replace(",", ";").split(";") if n.strip()]
-    else:
+    elif isinstance(order, Sequence):
         names = list(order)
+    else:
+        raise ValueError(f"order must be a preset name, stage names separated by ';', or a list of stage "
+                         f"names, got {order!r}")
     stages = []
     for name in names:
         if not isinstance(name, str):
@@ -131,6 +140,7 @@ class SamplingParams:
         if isinstance(self.dry_sequence_breakers, str | bytes):  # would split into characters
             raise ValueError(f"dry_sequence_breakers must be a list of strings or token-id sequences, "
                              f"got the string {self.dry_sequence_breakers!r} (write [{self.dry_sequence_breakers!r}])")
+        _check_list("dry_sequence_breakers", self.dry_sequence_breakers, "strings or token-id sequences")
         breakers = []
         for b in self.dry_sequence_breakers:
             if isinstance(b, str):
@@ -138,6 +148,7 @@ class SamplingParams:
                     raise ValueError("dry_sequence_breakers must not contain an empty string")
                 breakers.append(b)
             else:
+                _check_list("dry_sequence_breakers entry", b, "token ids")
                 ids = tuple(b)
                 if not ids:
                     raise ValueError("dry_sequence_breakers must not contain an empty sequence")
@@ -149,6 +160,8 @@ class SamplingParams:
             raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
         f("mirostat_tau", self.mirostat_tau, minimum=0.0, min_open=True)
         f("mirostat_eta", self.mirostat_eta, minimum=0.0, min_open=True)
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
         bias = {}
         for token, value in dict(self.logit_bias).items():
             check_int("logit_bias token", token, minimum=0)
@@ -158,6 +171,7 @@ class SamplingParams:
             bias[int(token)] = value
         object.__setattr__(self, "logit_bias", bias)
         check_int("min_tokens", self.min_tokens, minimum=0)
+        _check_list("eos_token_ids", self.eos_token_ids, "token ids")
         object.__setattr__(self, "eos_token_ids", tuple(
             check_int("eos_token_ids entry", t, minimum=0) for t in self.eos_token_ids))
         if self.min_tokens > 0 and not self.eos_token_ids:
