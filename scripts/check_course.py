@@ -229,15 +229,17 @@ def walkthrough(days: set[str], jobs: int) -> bool:
         print("\n".join(unknown), file=sys.stderr)
         return False
     stages = [k for k in range(len(DAYS) + 1) if (k == 0 and days == set(DAYS)) or (k and DAYS[k - 1] in days)]
-    return _run_all(stages, lambda k, tmp: check_stage(k, tmp, tests), jobs)
+    return _run_all(stages, lambda k, tmp: check_stage(k, tmp, tests), jobs, cost=lambda k: k)  # later: costlier
 
 
-def _run_all(items: list, check, jobs: int) -> bool:
-    """Run `check(item, workdir)` for every item, `jobs` at a time; print in order."""
+def _run_all(items: list, check, jobs: int, cost=None) -> bool:
+    """Run `check(item, workdir)` for every item, `jobs` at a time, the costliest first (by
+    `cost(item)`), so that no long check starts last; print in the items' order."""
     all_ok = True
     with tempfile.TemporaryDirectory(prefix="tiny-llm-check-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(check, item, Path(tmp)) for item in items]
-        for future in futures:
+        futures = {item: pool.submit(check, item, Path(tmp))
+                   for item in sorted(items, key=cost or (lambda item: 0), reverse=True)}
+        for future in (futures[item] for item in items):
             ok, rows = future.result()
             all_ok &= ok
             print("\n".join(rows), flush=True)
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         print("every stage of the course works" if all_ok else "FAILED: see the rows marked above")
         return 0 if all_ok else 1
     print(f"{'day stripped':12s} {'test file':28s} {'':5s}")
-    all_ok = _run_all([d for d in DAYS if d in days], check_day, args.jobs)
+    all_ok = _run_all([d for d in DAYS if d in days], check_day, args.jobs,
+                      cost=lambda day: sum(1 for d in DAYS if d == day or not depends_on(d, day)))
     print("every day's tests bite" if all_ok else "FAILED: see the rows marked above")
     return 0 if all_ok else 1
 
