@@ -93,6 +93,14 @@ def test_gbnf_errors(gbnf, message):
         Grammar.from_gbnf(gbnf)
 
 
+def test_parentheses_nest_at_most_100_deep():
+    """Deeper nesting used to end in RecursionError; 100 levels still compile."""
+    assert Grammar.from_gbnf("root ::= " + "(" * 100 + '"a"' + ")" * 100).accepts("a")
+    for depth in (101, 600):
+        with pytest.raises(ValueError, match=r"parentheses are nested more than 100 deep at line 1, column 110"):
+            Grammar.from_gbnf("root ::= " + "(" * depth + '"a"' + ")" * depth)
+
+
 def test_the_largest_allowed_repetition_compiles_and_counts_exactly():
     """`{0,10000}`, the limit, builds 10,000 helper rules and matches exactly up to 10,000."""
     grammar = Grammar.from_gbnf('root ::= "a"{0,10000}')

@@ -605,3 +605,32 @@ def test_json_text_and_true_schema():
 def test_errors_name_the_keyword_and_path(schema, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         json_schema_to_gbnf(schema)
+
+
+def nested_arrays(depth: int) -> dict:
+    schema: dict = {}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_nesting_has_a_limit_of_100():
+    """100 schemas one inside the other compile; one more is a ValueError naming the path
+    (deeper ones used to end in RecursionError or MemoryError)."""
+    assert Grammar.from_json_schema(nested_arrays(100)).accepts("[" * 99 + "]" * 99)
+    for depth in (101, 5000):
+        with pytest.raises(ValueError, match=r"the schema at #/items/items/.*\.\.\. is nested more than 100 deep"):
+            json_schema_to_gbnf(nested_arrays(depth))
+    with pytest.raises(ValueError, match="the JSON text is nested too deeply to read"):
+        json_schema_to_gbnf("[" * 100_000)
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"$ref": "#"}, "a '$ref' leads back to a schema that holds it before any character of a value is read"),
+    ({"anyOf": [{"type": "null"}, {"$ref": "#"}]}, "a '$ref' leads back"),
+    ({"type": "array", "minItems": 1, "items": {"$ref": "#"}}, "no finite JSON value validates"),
+])
+def test_ref_cycles_that_never_end_are_named_in_schema_terms(schema, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Grammar.from_json_schema(schema)
+    assert Grammar.from_json_schema({"type": "array", "items": {"$ref": "#"}}).accepts("[[],[[]]]")

@@ -234,3 +234,12 @@ def test_a_pattern_that_matches_nothing_is_refused(pattern):
 def test_a_branch_that_matches_nothing_is_never_entered():
     g = Grammar.from_regex(r"a|b[^\s\S]")
     assert g.accepts("a") and not g.accepts_prefix("b")
+
+
+def test_groups_nest_at_most_100_deep():
+    """Deeper nesting used to end in RecursionError; 100 levels still compile."""
+    assert Grammar.from_regex("(" * 100 + "a" + ")" * 100).accepts("a")
+    for depth in (101, 300):
+        re.compile("(" * depth + "a" + ")" * depth)
+        with pytest.raises(ValueError, match=r"groups are nested more than 100 deep \(position 100 in"):
+            Grammar.from_regex("(" * depth + "a" + ")" * depth)

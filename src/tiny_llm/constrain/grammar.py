@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from .limits import MAX_REPEAT
+from .limits import MAX_NESTING, MAX_REPEAT
 
 # ---- syntax tree --------------------------------------------------------------------------
 # ("chars", ranges, negated)   ranges: tuple of (lo, hi) code points, inclusive
@@ -45,10 +45,15 @@ class NoTextError(ValueError):
     """The grammar's start rule matches no text at all."""
 
 
+class LeftRecursionError(ValueError):
+    """A rule can reach itself before it reads a character."""
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.pos = 0
+        self.depth = 0  # parentheses open around the current position
 
     def error(self, message: str, pos: int | None = None):
         pos = self.pos if pos is None else pos
@@ -139,9 +144,13 @@ class _Parser:
                 self.pos += 1
                 item = ANY
             elif c == "(":
+                if self.depth == MAX_NESTING:
+                    raise self.error(f"parentheses are nested more than {MAX_NESTING} deep", start)
                 self.pos += 1
                 self.space(True)
+                self.depth += 1
                 item = self.alternates(nested=True)
+                self.depth -= 1
                 if self.peek() != ")":
                     raise self.error("unbalanced '(': expected ')'", start)
                 self.pos += 1
@@ -371,7 +380,7 @@ class Program:
             while todo:
                 q = todo.pop()
                 if q == r:
-                    raise ValueError(
+                    raise LeftRecursionError(
                         f"grammar: rule {self.names[self.owner[r]]!r} is left-recursive (it can reach "
                         f"itself without consuming a character; so does a repetition of something "
                         f"that can be empty, like (\"a\"?)*)")
@@ -649,7 +658,14 @@ class Grammar:
         see `tiny_llm.constrain.json_schema` for what is supported."""
         from .json_schema import json_schema_to_gbnf
 
-        return cls(json_schema_to_gbnf(schema))
+        try:
+            return cls(json_schema_to_gbnf(schema))
+        except LeftRecursionError:  # only a '$ref' can lead back without reading a character
+            raise LeftRecursionError("json schema: a '$ref' leads back to a schema that holds it before any "
+                                     "character of a value is read, so no JSON value ever ends") from None
+        except NoTextError:
+            raise NoTextError("json schema: no finite JSON value validates (every branch of a '$ref' "
+                              "cycle needs another level)") from None
 
     @classmethod
     def from_regex(cls, pattern: str) -> Grammar:

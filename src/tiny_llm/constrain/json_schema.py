@@ -91,7 +91,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from .limits import MAX_REPEAT
+from .limits import MAX_NESTING, MAX_REPEAT
 
 __all__ = ["json_schema_to_gbnf"]
 
@@ -164,6 +164,9 @@ def json_schema_to_gbnf(schema: dict | bool | str) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ValueError(f"json schema: not valid JSON: {e}") from e
+        except RecursionError:
+            raise ValueError(f"json schema: the JSON text is nested too deeply to read (the limit for a "
+                             f"schema is {MAX_NESTING} levels)") from None
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"json schema: a schema is an object or a boolean, got {type(schema).__name__}")
     return _Converter(schema).grammar()
@@ -174,6 +177,7 @@ class _Converter:
         self._document = document
         self._rules: dict[str, str | None] = {"root": None}  # None: being written
         self._refs: dict[str, str] = {"#": "root"}
+        self._depth = 0  # schemas being converted, one inside the other
         self._primitive("space")  # every grammar uses it
         self._rules["root"] = self._expression(document, "root", "#")
 
@@ -215,6 +219,16 @@ class _Converter:
 
     def _expression(self, schema: Any, name: str, path: str) -> str:
         """A GBNF expression for the JSON texts valid under `schema`."""
+        if self._depth == MAX_NESTING:
+            shown = path if len(path) <= 80 else path[:80] + "..."
+            raise ValueError(f"json schema: the schema at {shown} is nested more than {MAX_NESTING} deep")
+        self._depth += 1
+        try:
+            return self._expression_of(schema, name, path)
+        finally:
+            self._depth -= 1
+
+    def _expression_of(self, schema: Any, name: str, path: str) -> str:
         if schema is True:
             return self._primitive("value")
         if schema is False:

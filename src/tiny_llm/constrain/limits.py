@@ -2,3 +2,4 @@
 an item becomes rules of its own, so a count costs memory and time in proportion to it."""
 
 MAX_REPEAT = 10_000  # the largest repetition count in GBNF, a regex or a JSON schema
+MAX_NESTING = 100  # the deepest nesting of groups in GBNF or a regex, or of schemas in a JSON schema

@@ -45,7 +45,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from .limits import MAX_REPEAT
+from .limits import MAX_NESTING, MAX_REPEAT
 
 __all__ = ["regex_to_gbnf", "regex_to_gbnf_expression"]
 
@@ -221,6 +221,7 @@ class _Parser:
         self.pattern = pattern
         self.pos = 0
         self.group_names: set[str] = set()
+        self.depth = 0  # groups open around the current position
 
     def error(self, message: str, pos: int) -> ValueError:
         return ValueError(f"regex: {message} (position {pos} in {self.pattern!r})")
@@ -323,10 +324,14 @@ class _Parser:
 
     def parse_group(self) -> Node:
         start = self.pos
+        if self.depth == MAX_NESTING:
+            raise self.error(f"groups are nested more than {MAX_NESTING} deep", start)
         self.pos += 1
         if self.peek() == "?":
             self.parse_extension(start)
+        self.depth += 1
         node = self.parse_alternation()
+        self.depth -= 1
         if self.peek() != ")":
             raise self.error("missing ), unterminated subpattern", start)
         self.pos += 1
