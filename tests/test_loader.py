@@ -282,3 +282,38 @@ def test_offline_uncached_repo_id_is_reported(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="'tiny-llm-tests/no-such-model'.*not in the local cache"):
         tiny_llm.load("tiny-llm-tests/no-such-model")
+
+
+def test_a_broken_tokenizer_file_is_named(tmp_path):
+    """A truncated tokenizer.json, or a config that is not JSON, is a ValueError naming the
+    file (the tokenizers library's own message names none)."""
+    from conftest import vocab_tokenizer
+    from tiny_llm.tokenizer import Tokenizer
+
+    vocab_tokenizer(8).save(tmp_path)
+    data = (tmp_path / "tokenizer.json").read_text()
+    (tmp_path / "tokenizer.json").write_text(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"tokenizer\.json is not a readable tokenizer file: EOF while parsing"):
+        Tokenizer.from_directory(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(data)
+    (tmp_path / "tokenizer_config.json").write_text("{garbage")
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json is not valid JSON"):
+        Tokenizer.from_directory(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"tokenizer_config\.json should hold a JSON object, got list"):
+        Tokenizer.from_directory(tmp_path)
+
+
+def test_an_unreadable_conversion_stamp_converts_again(tmp_path, monkeypatch):
+    """Garbage in the conversion cache's stamp means "not converted": the GGUF file is
+    converted again and loads, instead of failing on the stamp."""
+    monkeypatch.setenv("TINY_LLM_CACHE", str(tmp_path / "cache"))
+    config = TINY_CONFIGS["llama-tied"]
+    ref = reference_model(config, seed=13)
+    gguf = write_gguf(tmp_path / "tiny.gguf", config, model_weights(ref))
+    tiny_llm.load(str(gguf))
+    stamp = next((tmp_path / "cache").glob("*/tiny-llm-conversion.json"))
+    stamp.write_bytes(b"\xff\x00garbage")
+    model, _ = tiny_llm.load(str(gguf))
+    assert json.loads(stamp.read_text())["version"]  # written anew by the conversion
+    close(model(TOKENS), ref(TOKENS), atol=2e-4)

@@ -104,8 +104,8 @@ def load_model(
     if not config_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
     try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{config_path} is not valid JSON: {e}") from None
     args = ModelArgs.from_config(config)
     files = sorted(directory.glob("*.safetensors"))
@@ -222,7 +222,7 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
         out_dir = cache_root() / f"{gguf.stem}-{key[:12]}"
     out_dir = Path(out_dir)
     stamp = out_dir / "tiny-llm-conversion.json"
-    if stamp.is_file() and json.loads(stamp.read_text()).get("version") == CONVERTER_VERSION:
+    if _stamp_version(stamp) == CONVERTER_VERSION:
         return out_dir
 
     print(f"Converting {gguf.name} into {out_dir} (only once)...", file=sys.stderr, flush=True)
@@ -252,6 +252,16 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"Converted {len(weights)} tensors.", file=sys.stderr, flush=True)
     return out_dir
+
+
+def _stamp_version(stamp: Path):
+    """The converter version a finished conversion recorded; None when the stamp is missing
+    or unreadable (the conversion is then done again)."""
+    try:
+        value = json.loads(stamp.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value.get("version") if isinstance(value, dict) else None
 
 
 def _gguf_config(meta: Mapping, tensors: Mapping[str, mx.array]) -> dict:

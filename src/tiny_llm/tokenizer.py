@@ -92,7 +92,10 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory} has no tokenizer.json")
-        backend = HFTokenizer.from_file(str(path))
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises its own Exception type
+            raise ValueError(f"{path} is not a readable tokenizer file: {e}") from None
         config = _read_json(directory / "tokenizer_config.json")
         template = config.get("chat_template")
         if template is None and (directory / "chat_template.jinja").is_file():
@@ -175,7 +178,16 @@ def _token_text(token) -> str | None:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object from `path`, or {} when there is no such file."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} should hold a JSON object, got {type(value).__name__}")
+    return value
 
 
 class StreamingDetokenizer:
