@@ -7,6 +7,7 @@ per second on a slow CPU, so every run keeps `--max-tokens` small and runs are s
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -420,3 +421,37 @@ def test_prompt_lookup_prints_the_greedy_text_and_its_counts(greedy_run):
     assert status == 0, err
     assert out == greedy_run[1]
     assert re.search(r"speculative: \d+ target passes, \d+ tokens drafted, \d+ accepted", err)
+
+
+@pytest.fixture(scope="module")
+def small_context_model(tmp_path_factory):
+    """The default model with a context of 48 positions (its weights linked, not copied)."""
+    from tiny_llm.loader import resolve
+
+    source, target = resolve("default"), tmp_path_factory.mktemp("small-context")
+    for f in source.iterdir():
+        if f.name != "config.json":
+            (target / f.name).symlink_to(f)
+    config = json.loads((source / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 48}))
+    return str(target)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-tokens", "20"], "prompt of 36 tokens plus --max-tokens 20 exceeds the model's context of 48 positions"),
+    (["--max-tokens", "13", "--num-beams", "2"], "prompt of 36 tokens plus --max-tokens 13 exceeds"),
+    (["--max-tokens", "20", "--prompt-lookup"], "prompt of 36 tokens plus --max-tokens 20"),
+], ids=["generate", "beams", "speculative"])
+def test_a_prompt_beyond_the_context_is_a_user_error(small_context_model, flags, message):
+    status, out, err = run_captured(["generate", "--prompt", "Describe a person as JSON.", *flags,
+                                     "--model", small_context_model])
+    assert_user_error(status, out, err, message)
+
+
+def test_chat_refuses_a_turn_beyond_the_context_and_goes_on(small_context_model):
+    run = subprocess.run([sys.executable, "-m", "tiny_llm", "chat", "--max-tokens", "2", "--model", small_context_model],
+                         input="Tell me everything you know about the history of the sky and the sea.\nHi\n",
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "tiny-llm: error: prompt of 59 tokens leaves no room in the model's context of 48" in run.stderr
+    assert "Traceback" not in run.stderr and run.stdout.strip()  # "Hi" was answered

@@ -1,9 +1,13 @@
 """Argument checks of stream_generate and generate_step (the loops are week 1, day 6 and week 2, day 2)."""
 
+import math
+import re
+
 import mlx.core as mx
 import pytest
 from conftest import CountingModel, tiny_model, word_tokenizer
 
+import tiny_llm
 from tiny_llm.generate import generate_step, stream_generate
 
 
@@ -24,3 +28,32 @@ def test_bad_prefill_step_size_is_refused(size):
     model, _ = tiny_model("llama-tied")
     with pytest.raises(ValueError, match="prefill_step_size"):
         generate_step(mx.array([1, 2]), model, prefill_step_size=size)
+
+
+def test_the_context_is_checked_the_same_way_everywhere():
+    """A prompt plus max_tokens beyond max_position_embeddings is refused by generation,
+    speculative decoding, beam search and batching with one message; max_tokens=-1 runs
+    until the context is full."""
+    from conftest import vocab_tokenizer
+
+    from tiny_llm.batch import BatchGenerator
+    from tiny_llm.beam_search import beam_search
+    from tiny_llm.sampler import SamplingParams
+
+    model, _ = tiny_model("llama-tied", seed=3, max_position_embeddings=16)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    prompt = list(range(1, 15))  # 14 tokens: room for 2 more
+    message = "prompt of 14 tokens plus max_tokens=3 exceeds the model's context of 16 positions"
+    calls = [lambda: list(tiny_llm.stream_generate(model, tok, prompt, 3)),
+             lambda: list(tiny_llm.stream_generate(model, tok, prompt, 3, prompt_lookup=True)),
+             lambda: beam_search(model, tok, prompt, 2, 3),
+             lambda: BatchGenerator(model, tok).insert(prompt, 3)]
+    for call in calls:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    with pytest.raises(ValueError, match="prompt of 16 tokens leaves no room in the model's context of 16"):
+        list(tiny_llm.stream_generate(model, tok, list(range(1, 17)), -1))
+    params = SamplingParams(temperature=0.0, logit_bias={0: -math.inf})  # no end-of-sequence
+    out = list(tiny_llm.stream_generate(model, tok, prompt, -1, params=params))
+    assert [r.generation_tokens for r in out] == [1, 2] and out[-1].finish_reason == "length"
+    assert len(list(tiny_llm.stream_generate(model, tok, prompt, 2, params=params))) == 2  # exactly full

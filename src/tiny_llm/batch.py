@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .generate import prefill
+from .generate import check_context, prefill
 from .kv_cache import BatchKVCache
 from .sampler import Sampler, SamplingParams
 from .sampler.checks import RowError, check_int
@@ -124,13 +124,7 @@ class BatchGenerator:
         prompt = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not prompt:
             raise ValueError("prompt is empty: a request needs at least one token")
-        max_tokens = check_int("max_tokens", max_tokens, minimum=1)
-        context = getattr(getattr(self.model, "args", None), "max_position_embeddings", None)
-        if context and len(prompt) + max_tokens > context:
-            raise ValueError(
-                f"prompt of {len(prompt)} tokens plus max_tokens={max_tokens} exceeds the "
-                f"model's context of {context} positions"
-            )
+        max_tokens = check_context(self.model, len(prompt), check_int("max_tokens", max_tokens, minimum=1))
         vocab = getattr(getattr(self.model, "args", None), "vocab_size", None)
         if vocab and not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")

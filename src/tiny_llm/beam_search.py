@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from .generate import Model, prefill
+from .generate import Model, check_context, prefill
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
@@ -140,6 +140,7 @@ def beam_search(
     """
     prompt = _check(tokenizer, prompt, num_beams, max_tokens, length_penalty, early_stopping,
                     num_return_sequences, prefill_step_size)
+    check_context(model, prompt.size, max_tokens)
     eos = tokenizer.eos_token_ids
     width = max(2, 1 + len(eos)) * num_beams
     pool = _Pool(num_beams, length_penalty)

@@ -328,6 +328,16 @@ def _check_vocabulary(params, model) -> None:
         raise UserError(_flag_names(str(e))) from None
 
 
+def _check_context(model, tokenizer, text: str, args: argparse.Namespace) -> None:
+    """The prompt and --max-tokens must fit the model's context: a UserError otherwise."""
+    from .generate import check_context
+
+    try:
+        check_context(model, len(tokenizer.encode(text)), args.max_tokens)
+    except ValueError as e:
+        raise UserError(str(e).replace("max_tokens=", "--max-tokens ")) from None
+
+
 def _generate(args: argparse.Namespace) -> None:
     prompt = _user_text(args.prompt, "--prompt") if args.prompt is not None else _read_stdin()
     if not prompt.strip():
@@ -338,6 +348,7 @@ def _generate(args: argparse.Namespace) -> None:
     model, tokenizer = _load(args)
     _check_vocabulary(params, model)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
+    _check_context(model, tokenizer, text, args)
     if args.num_beams > 1:
         _print_beams(model, tokenizer, text, args)
         return
@@ -407,6 +418,12 @@ def _chat(args: argparse.Namespace) -> None:
             continue
         messages.append({"role": "user", "content": line})
         text = _messages_text(tokenizer, args, messages)
+        try:
+            _check_context(model, tokenizer, text, args)
+        except UserError as e:  # that turn is dropped; a shorter one may still fit
+            messages.pop()
+            print(f"tiny-llm: error: {e}", file=sys.stderr)
+            continue
         pieces, last = [], None
         sampler.reset_grammar()  # every reply follows the grammar from its start
         try:

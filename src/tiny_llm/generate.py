@@ -169,6 +169,25 @@ def _probe_cached_loop() -> None:
     cache[0].trim(1)
 
 
+def check_context(model, prompt_tokens: int, max_tokens: int) -> int:
+    """Refuse a request that cannot fit the model's context (`model.args.max_position_embeddings`,
+    when the model has one): a prompt of `prompt_tokens` plus `max_tokens` new tokens. Returns
+    `max_tokens`, with -1 (no limit) turned into the room the context leaves. The one check
+    of generation, beam search, speculative decoding and batching."""
+    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if not context:
+        return max_tokens
+    if prompt_tokens >= context:
+        raise ValueError(f"prompt of {prompt_tokens} tokens leaves no room in the model's context of "
+                         f"{context} positions")
+    if max_tokens == -1:
+        return context - prompt_tokens
+    if prompt_tokens + max_tokens > context:
+        raise ValueError(f"prompt of {prompt_tokens} tokens plus max_tokens={max_tokens} exceeds the "
+                         f"model's context of {context} positions")
+    return max_tokens
+
+
 def stream_generate(
     model: Model,
     tokenizer: Tokenizer,
@@ -210,6 +229,8 @@ def stream_generate(
     prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
     if prompt.ndim != 1 or prompt.size == 0:
         raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
+    cached = prompt_cache[0].offset if prompt_cache and hasattr(prompt_cache[0], "offset") else 0
+    max_tokens = check_context(model, cached + prompt.size, max_tokens)
 
     if draft_model is not None or prompt_lookup:
         from .speculative import speculative_generate_step
