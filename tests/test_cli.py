@@ -455,3 +455,28 @@ def test_chat_refuses_a_turn_beyond_the_context_and_goes_on(small_context_model)
     assert run.returncode == 0, run.stderr
     assert "tiny-llm: error: prompt of 59 tokens leaves no room in the model's context of 48" in run.stderr
     assert "Traceback" not in run.stderr and run.stdout.strip()  # "Hi" was answered
+
+
+def test_a_long_prefill_shows_progress_and_stops_on_ctrl_c():
+    """On the CPU the prompt goes in 16-token chunks: with --verbose a progress line names
+    the tokens done, and SIGINT ends the command (status 130) long before the prefill of
+    about 700 tokens (over a minute here) could have finished."""
+    import select
+    import signal
+    import time
+
+    prompt = "Summarise: " + "The sky is blue because of Rayleigh scattering. " * 70
+    proc = subprocess.Popen([sys.executable, "-m", "tiny_llm", "generate", "--prompt", prompt, "--max-tokens", "2",
+                             "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, line = time.monotonic() + 120, ""
+        while not line.startswith("prefill: ") and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 1.0)[0]:
+                line = proc.stderr.readline()
+        assert re.fullmatch(r"prefill: (16|32|48|64)/7\d\d tokens, [\d.]+ tokens/s\n", line), line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -18,14 +19,57 @@ class UserError(Exception):
     """A mistake on the command line: printed as one line, exit status 2."""
 
 
+GPU_PREFILL_STEP = 2048
+CPU_PREFILL_STEP = 16
+PROGRESS_AFTER = 2.0  # seconds of prefill before a progress line is shown
+
+
+def _prefill_step(args: argparse.Namespace) -> int:
+    if args.prefill_step_size is None:
+        args.prefill_step_size = CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
+    return args.prefill_step_size
+
+
+class _PrefillProgress:
+    """`model`, telling on standard error how far the prefill of a `total`-token prompt has
+    got, once it has run for PROGRESS_AFTER seconds: a line redrawn in place on a terminal,
+    a line every PROGRESS_AFTER seconds with --verbose otherwise. Every call with more than
+    one position before the prompt is through is one chunk of it."""
+
+    def __init__(self, model, total: int, live: bool, verbose: bool):
+        self.model, self.total, self.live, self.verbose = model, total, live, verbose
+        self.sent, self.start, self.shown = 0, None, None
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, *args, **kwargs):
+        if self.sent < self.total:  # the chunks before this one have been evaluated
+            now = time.perf_counter()
+            self.start = self.start or now
+            due = self.shown is None or self.live or now - self.shown >= PROGRESS_AFTER
+            if self.sent and now - self.start >= PROGRESS_AFTER and due and (self.live or self.verbose):
+                line = (f"prefill: {self.sent}/{self.total} tokens, "
+                        f"{self.sent / (now - self.start):.1f} tokens/s")
+                print("\r\033[K" + line if self.live else line, end="" if self.live else "\n",
+                      file=sys.stderr, flush=True)
+                self.shown = now
+            self.sent += tokens.shape[-1]
+            if self.sent >= self.total and self.shown and self.live:
+                print("\r\033[K", end="", file=sys.stderr, flush=True)
+        return self.model(tokens, *args, **kwargs)
+
+
 def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True) -> None:
     parser.add_argument("--model", default="default",
                         help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
     parser.add_argument("--no-fused", action="store_true",
                         help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
     if generation:
-        parser.add_argument("--prefill-step-size", type=int, default=2048,
-                            help="prefill the prompt in chunks of this many tokens (default 2048)")
+        parser.add_argument("--prefill-step-size", type=int, default=None,
+                            help=f"prefill the prompt in chunks of this many tokens (default {GPU_PREFILL_STEP} "
+                                 f"on a GPU; {CPU_PREFILL_STEP} on the CPU, where a token of prefill takes a "
+                                 f"tenth of a second or more and Ctrl-C acts between chunks)")
         parser.add_argument("--no-kv-cache", action="store_true",
                             help="recompute the whole sequence for every token (week 1's loop; slow)")
 
@@ -172,7 +216,7 @@ def _flag_names(message: str) -> str:
 def _load(args: argparse.Namespace, name: str | None = None):
     from .loader import fused_kernels_implemented, load
 
-    if getattr(args, "prefill_step_size", 1) < 1:
+    if hasattr(args, "prefill_step_size") and _prefill_step(args) < 1:
         raise UserError(f"--prefill-step-size must be a positive integer, got {args.prefill_step_size}")
     fused = not args.no_fused
     if fused and not fused_kernels_implemented():
@@ -256,6 +300,7 @@ def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None
     pieces = [] if pieces is None else pieces
     last, shown = None, []
     kv_cache = None if speculative else _kv_cache(args)  # speculative decoding makes its own caches
+    model = _PrefillProgress(model, len(tokenizer.encode(text)), sys.stderr.isatty(), args.verbose)
     for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler,
                                     prefill_step_size=args.prefill_step_size, kv_cache=kv_cache,
                                     **(speculative or {})):
