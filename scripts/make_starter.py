@@ -31,7 +31,7 @@ INSTRUCTOR_ONLY = {
     "tests/test_course_tools.py", "tests/test_grader.py",
 }
 # Never shipped, whatever the tree holds: build and cache left-overs.
-JUNK = ("__pycache__", ".pytest_cache", ".egg-info", ".pyc", ".DS_Store")
+JUNK = ("__pycache__", ".pytest_cache", ".hypothesis", ".egg-info", ".pyc", ".DS_Store")
 INSTRUCTOR_BLOCK = ("# BEGIN INSTRUCTOR ONLY", "# END INSTRUCTOR ONLY")
 
 
