@@ -26,9 +26,11 @@ test: setup
 
 # BEGIN INSTRUCTOR ONLY
 .PHONY: check-course walkthrough
-# Every day's tests fail without that day's solution (and only those).
+# Every day's tests fail without that day's solution (and only those), and every stage of
+# the course works in a starter (the walkthrough).
 check-course: setup
 	$(PY) scripts/check_course.py
+	$(PY) scripts/check_course.py --walkthrough
 
 # Each stage of the course: with the later days stubbed, the tests of the days done pass
 # and the stage's commands run.

@@ -5,7 +5,9 @@
     python scripts/check_course.py --walkthrough [--days ...] [--jobs N]
 
 Without --walkthrough: for each day, a starter with only that day removed; that day's tests
-must all fail, while the tests of the days that do not build on it still pass.
+must all fail, while the tests of the later days that do not build on it still pass. (The
+earlier days' tests are the walkthrough's: at the stage of an earlier day, this day is
+removed together with every other day after it. `make check-course` runs both.)
 
 With --walkthrough: for each stage of the course (the first k days done, the later ones
 stubbed, for every k), every test file whose days are all done by then passes (each file
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -70,10 +73,11 @@ def outcomes(report: Path) -> dict[str, Counter]:
 
 
 def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
-    """Strip `day`, run its tests and the independent days' tests; report rows and success."""
+    """Strip `day`, run its tests and the tests of the later days that do not depend on it;
+    report rows and success."""
     tree = workdir / day
     make_starter(tree, {day})
-    independent = [d for d in DAYS if d != day and not depends_on(d, day)]
+    independent = [d for d in DAYS[DAYS.index(day) + 1:] if not depends_on(d, day)]
     files = [test_file(day)] + [test_file(d) for d in independent]
     results = run_pytest(tree, files, workdir / f"{day}.xml")
     ok, rows = True, []
@@ -235,9 +239,15 @@ def walkthrough(days: set[str], jobs: int) -> bool:
 def _run_all(items: list, check, jobs: int, cost=None) -> bool:
     """Run `check(item, workdir)` for every item, `jobs` at a time, the costliest first (by
     `cost(item)`), so that no long check starts last; print in the items' order."""
+    def timed(item, workdir: Path) -> tuple[bool, list[str]]:
+        start = time.perf_counter()
+        ok, rows = check(item, workdir)
+        rows[0] += f"   ({time.perf_counter() - start:.0f} s)"
+        return ok, rows
+
     all_ok = True
     with tempfile.TemporaryDirectory(prefix="tiny-llm-check-") as tmp, ThreadPoolExecutor(jobs) as pool:
-        futures = {item: pool.submit(check, item, Path(tmp))
+        futures = {item: pool.submit(timed, item, Path(tmp))
                    for item in sorted(items, key=cost or (lambda item: 0), reverse=True)}
         for future in (futures[item] for item in items):
             ok, rows = future.result()
@@ -266,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all_ok else 1
     print(f"{'day stripped':12s} {'test file':28s} {'':5s}")
     all_ok = _run_all([d for d in DAYS if d in days], check_day, args.jobs,
-                      cost=lambda day: sum(1 for d in DAYS if d == day or not depends_on(d, day)))
+                      cost=lambda day: sum(1 for d in DAYS[DAYS.index(day):] if d == day or not depends_on(d, day)))
     print("every day's tests bite" if all_ok else "FAILED: see the rows marked above")
     return 0 if all_ok else 1
 
