@@ -466,8 +466,11 @@ def test_a_long_prefill_shows_progress_and_stops_on_ctrl_c():
     import time
 
     prompt = "Summarise: " + "The sky is blue because of Rayleigh scattering. " * 70
+    # A shell that starts jobs in the background ignores SIGINT for them, and Python keeps a
+    # signal it finds ignored: the command starts with SIGINT at its default, as in a terminal.
     proc = subprocess.Popen([sys.executable, "-m", "tiny_llm", "generate", "--prompt", prompt, "--max-tokens", "2",
-                             "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline, line = time.monotonic() + 120, ""
         while not line.startswith("prefill: ") and time.monotonic() < deadline:
