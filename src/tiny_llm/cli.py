@@ -291,7 +291,7 @@ def _print_stats(response, sampler=None) -> None:
     )
 
 
-def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None = None, speculative=None):
+def _stream(model, tokenizer, prompt: list[int], args, sampler, pieces: list[str] | None = None, speculative=None):
     """Print the reply as it is produced; return (reply text, last response). The text so
     far is also appended to `pieces`, so that it survives a Ctrl-C. `speculative`: the
     keyword arguments of speculative decoding, with `sampler` then a SamplingParams."""
@@ -300,8 +300,8 @@ def _stream(model, tokenizer, text: str, args, sampler, pieces: list[str] | None
     pieces = [] if pieces is None else pieces
     last, shown = None, []
     kv_cache = None if speculative else _kv_cache(args)  # speculative decoding makes its own caches
-    model = _PrefillProgress(model, len(tokenizer.encode(text)), sys.stderr.isatty(), args.verbose)
-    for response in stream_generate(model, tokenizer, text, args.max_tokens, params=sampler,
+    model = _PrefillProgress(model, len(prompt), sys.stderr.isatty(), args.verbose)
+    for response in stream_generate(model, tokenizer, prompt, args.max_tokens, params=sampler,
                                     prefill_step_size=args.prefill_step_size, kv_cache=kv_cache,
                                     **(speculative or {})):
         print(response.text, end="", flush=True)
@@ -332,12 +332,12 @@ def _check_beams(args: argparse.Namespace) -> None:
         raise UserError("beam search does not combine with --grammar, --json-schema or --regex")
 
 
-def _print_beams(model, tokenizer, text: str, args: argparse.Namespace) -> None:
+def _print_beams(model, tokenizer, prompt: list[int], args: argparse.Namespace) -> None:
     """Beam search: print the best sequence, or each of the --num-return-sequences best
     under a header with its score."""
     from .beam_search import beam_search
 
-    hyps = beam_search(model, tokenizer, text, args.num_beams, args.max_tokens,
+    hyps = beam_search(model, tokenizer, prompt, args.num_beams, args.max_tokens,
                        num_return_sequences=args.num_return_sequences,
                        prefill_step_size=args.prefill_step_size)
     if args.num_return_sequences == 1:
@@ -373,14 +373,17 @@ def _check_vocabulary(params, model) -> None:
         raise UserError(_flag_names(str(e))) from None
 
 
-def _check_context(model, tokenizer, text: str, args: argparse.Namespace) -> None:
-    """The prompt and --max-tokens must fit the model's context: a UserError otherwise."""
+def _prompt_tokens(model, tokenizer, text: str, args: argparse.Namespace) -> list[int]:
+    """The token ids of `text`, which with --max-tokens more must fit the model's context:
+    a UserError otherwise."""
     from .generate import check_context
 
+    tokens = tokenizer.encode(text)
     try:
-        check_context(model, len(tokenizer.encode(text)), args.max_tokens)
+        check_context(model, len(tokens), args.max_tokens)
     except ValueError as e:
         raise UserError(str(e).replace("max_tokens=", "--max-tokens ")) from None
+    return tokens
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -393,14 +396,14 @@ def _generate(args: argparse.Namespace) -> None:
     model, tokenizer = _load(args)
     _check_vocabulary(params, model)
     text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
-    _check_context(model, tokenizer, text, args)
+    prompt = _prompt_tokens(model, tokenizer, text, args)
     if args.num_beams > 1:
-        _print_beams(model, tokenizer, text, args)
+        _print_beams(model, tokenizer, prompt, args)
         return
     if speculative is not None:
         if args.draft_model:
             speculative["draft_model"] = _load(args, args.draft_model)[0]
-        _, last = _stream(model, tokenizer, text, args, _sampling(args, tokenizer), speculative=speculative)
+        _, last = _stream(model, tokenizer, prompt, args, _sampling(args, tokenizer), speculative=speculative)
         print(flush=True)
         if args.verbose:
             _print_stats(last)
@@ -410,7 +413,7 @@ def _generate(args: argparse.Namespace) -> None:
                   file=sys.stderr)
         return
     sampler = _make_sampler(args, tokenizer)
-    _, last = _stream(model, tokenizer, text, args, sampler)
+    _, last = _stream(model, tokenizer, prompt, args, sampler)
     print(flush=True)
     if args.verbose:
         _print_stats(last, sampler)
@@ -464,7 +467,7 @@ def _chat(args: argparse.Namespace) -> None:
         messages.append({"role": "user", "content": line})
         text = _messages_text(tokenizer, args, messages)
         try:
-            _check_context(model, tokenizer, text, args)
+            prompt = _prompt_tokens(model, tokenizer, text, args)
         except UserError as e:  # that turn is dropped; a shorter one may still fit
             messages.pop()
             print(f"tiny-llm: error: {e}", file=sys.stderr)
@@ -472,7 +475,7 @@ def _chat(args: argparse.Namespace) -> None:
         pieces, last = [], None
         sampler.reset_grammar()  # every reply follows the grammar from its start
         try:
-            _, last = _stream(model, tokenizer, text, args, sampler, pieces)
+            _, last = _stream(model, tokenizer, prompt, args, sampler, pieces)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
