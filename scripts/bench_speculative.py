@@ -27,6 +27,8 @@ import time
 
 import mlx.core as mx
 
+from tiny_llm.defaults import NUM_DRAFT_TOKENS
+
 PARAGRAPH = (
     "The lighthouse stood on a narrow spit of rock at the mouth of the harbour. Every evening "
     "the keeper climbed the one hundred and twelve steps, trimmed the wick, polished the great "
@@ -67,7 +69,7 @@ def measure(model, tokenizer, prompt: str, args, gamma: int | None) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark speculative decoding (prompt lookup).")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--num-draft-tokens", type=int, default=4)
+    parser.add_argument("--num-draft-tokens", type=int, default=NUM_DRAFT_TOKENS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="12 tokens, 1 repeat (a smoke run)")
     parser.add_argument("--json", default=None, help="write the numbers to this file")

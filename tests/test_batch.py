@@ -42,7 +42,7 @@ def test_bad_input_is_refused_before_the_model_runs(kwargs, match):
     model, _ = tiny_model("llama-tied", max_position_embeddings=32)
     calls = []
     spy = type("Spy", (), {"__call__": lambda self, *a, **k: calls.append(1), "args": model.args,
-                           "layers": model.layers})()
+                           "layers": model.layers, "make_cache": lambda self: calls.append(1)})()
     kwargs.setdefault("max_tokens", 4)
     with pytest.raises(ValueError, match=match):
         batch_generate(spy, vocab_tokenizer(model.args.vocab_size), **kwargs)

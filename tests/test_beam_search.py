@@ -13,7 +13,7 @@ from conftest import tiny_model, vocab_tokenizer
 
 from tiny_llm import generate_step
 from tiny_llm.beam_search import BeamHypothesis, beam_search
-from tiny_llm.generate import prefill
+from tiny_llm.model import prefill
 from tiny_llm.kv_cache import KVCache
 
 EOS_ID, A, B, C, S = range(5)

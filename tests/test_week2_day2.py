@@ -7,7 +7,8 @@ from conftest import TINY_CONFIGS, CachedCountingModel, tiny_model
 
 import tiny_llm
 from tiny_llm.attention import causal_mask
-from tiny_llm.generate import generate_step, prefill
+from tiny_llm.generate import generate_step
+from tiny_llm.model import prefill
 from tiny_llm.kv_cache import KVCache
 
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import TINY_CONFIGS, cache_slots, filled_batch_cache, generate_alone, tiny_model, vocab_tokenizer
 
 from tiny_llm.batch import BatchGenerator, batch_generate, left_pad
-from tiny_llm.generate import prefill
+from tiny_llm.model import prefill
 from tiny_llm.kv_cache import BatchKVCache
 from tiny_llm.sampler import SamplingParams
 

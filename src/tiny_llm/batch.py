@@ -1,4 +1,4 @@
-"""Batched generation: many prompts at once, each row with its own `SamplingParams`.
+"""Course: week 2 days 4 and 5 — batched generation: many prompts at once, each row with its own `SamplingParams`.
 
 Prompts of different lengths are left-padded to one length and prefilled together; a
 `BatchKVCache` hides the padding and gives every row its own positions. Each decode step
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .generate import check_context, prefill
+from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PREFILL_STEP_SIZE
+from .model import Model, check_context, prefill, prompt_array, vocab_size
 from .kv_cache import BatchKVCache
 from .sampler import Sampler, SamplingParams
 from .sampler.checks import RowError, check_int
@@ -102,8 +103,8 @@ class BatchGenerator:
     `has_work()` is False. At most `max_batch_size` requests decode together; the others
     wait and join as rows finish."""
 
-    def __init__(self, model, tokenizer: Tokenizer, *, max_batch_size: int = 8,
-                 prefill_step_size: int = 2048):
+    def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int = MAX_BATCH_SIZE,
+                 prefill_step_size: int = PREFILL_STEP_SIZE):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
@@ -117,15 +118,13 @@ class BatchGenerator:
         self._logits: mx.array | None = None  # [rows, V]: each running row's next-token logits
         self._next_uid = 0
 
-    def insert(self, prompt: str | Sequence[int], max_tokens: int = 256,
+    def insert(self, prompt: str | Sequence[int], max_tokens: int = MAX_TOKENS,
                params: SamplingParams | None = None) -> int:
         """Queue one request and return its uid. Bad input raises `ValueError` here, before
         anything changes, so the requests already queued or running are not affected."""
-        prompt = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not prompt:
-            raise ValueError("prompt is empty: a request needs at least one token")
+        prompt = prompt_array(prompt, self.tokenizer).tolist()
         max_tokens = check_context(self.model, len(prompt), check_int("max_tokens", max_tokens, minimum=1))
-        vocab = getattr(getattr(self.model, "args", None), "vocab_size", None)
+        vocab = vocab_size(self.model)
         if vocab and not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
         params = SamplingParams(temperature=0.0) if params is None else params
@@ -265,13 +264,13 @@ class BatchGenerator:
 
 
 def batch_generate(
-    model,
+    model: Model,
     tokenizer: Tokenizer,
     prompts: Sequence[str | Sequence[int]],
-    max_tokens: int | Sequence[int] = 256,
+    max_tokens: int | Sequence[int] = MAX_TOKENS,
     *,
     params: SamplingParams | Sequence[SamplingParams] | None = None,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
     max_batch_size: int | None = None,
 ) -> BatchResult:
     """Generate for every prompt, all in one batch (or `max_batch_size` rows at a time),

@@ -1,4 +1,4 @@
-"""Beam search: follow the `num_beams` most likely partial sequences instead of one.
+"""Engine — beam search: follow the `num_beams` most likely partial sequences instead of one.
 
 The rules are those of Hugging Face transformers' `_beam_search` (version 5; the older
 `BeamSearchScorer` differs in details, such as testing the early stop with the step's
@@ -36,7 +36,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from .generate import Model, check_context, prefill
+from .defaults import PREFILL_STEP_SIZE
+from .model import CachedModel, check_context, prefill, prompt_array
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
@@ -120,7 +121,7 @@ class _Pool:
 
 
 def beam_search(
-    model: Model,
+    model: CachedModel,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | mx.array,
     num_beams: int,
@@ -128,7 +129,7 @@ def beam_search(
     length_penalty: float = 1.0,
     early_stopping: bool | str = False,
     num_return_sequences: int = 1,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
 ) -> list[BeamHypothesis]:
     """The `num_return_sequences` best hypotheses for `prompt` (a string, token ids or
     `mx.array [L]`), best first, by the rules in the module docstring. Fewer come back
@@ -138,8 +139,10 @@ def beam_search(
     `length_penalty > 0` favours longer hypotheses, `< 0` shorter ones; `early_stopping` is
     True, False or "never". With `num_beams=1` the result is the greedy continuation.
     """
-    prompt = _check(tokenizer, prompt, num_beams, max_tokens, length_penalty, early_stopping,
-                    num_return_sequences, prefill_step_size)
+    _check(num_beams=num_beams, max_tokens=max_tokens, length_penalty=length_penalty,
+           early_stopping=early_stopping, num_return_sequences=num_return_sequences,
+           prefill_step_size=prefill_step_size)
+    prompt = prompt_array(prompt, tokenizer)
     check_context(model, prompt.size, max_tokens)
     eos = tokenizer.eos_token_ids
     width = max(2, 1 + len(eos)) * num_beams
@@ -199,9 +202,9 @@ def _reorder(cache: list, parents: mx.array) -> None:
         c.keys, c.values = c.keys[parents], c.values[parents]
 
 
-def _check(tokenizer, prompt, num_beams, max_tokens, length_penalty, early_stopping,
-           num_return_sequences, prefill_step_size) -> mx.array:
-    """Refuse bad arguments with a `ValueError` naming them; return the prompt as `[L]`."""
+def _check(*, num_beams, max_tokens, length_penalty, early_stopping, num_return_sequences,
+           prefill_step_size) -> None:
+    """Refuse bad arguments with a `ValueError` naming them."""
     num_beams = check_int("num_beams", num_beams, minimum=1)
     n = check_int("num_return_sequences", num_return_sequences, minimum=1)
     if n > num_beams:
@@ -213,9 +216,3 @@ def _check(tokenizer, prompt, num_beams, max_tokens, length_penalty, early_stopp
         raise ValueError(f"length_penalty must be a finite number, got {length_penalty!r}")
     if not (isinstance(early_stopping, bool) or (isinstance(early_stopping, str) and early_stopping == "never")):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-    if isinstance(prompt, str):
-        prompt = tokenizer.encode(prompt)
-    prompt = prompt if isinstance(prompt, mx.array) else mx.array(list(prompt), dtype=mx.int32)
-    if prompt.ndim != 1 or prompt.size == 0:
-        raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
-    return prompt

@@ -1,4 +1,4 @@
-"""The `tiny-llm` command line: `generate`, `chat`, `batch` and `smoke`."""
+"""Engine — the `tiny-llm` command line: `generate`, `chat`, `batch` and `smoke`."""
 
 import argparse
 import dataclasses
@@ -10,23 +10,20 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .defaults import CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
 from .progress import missing_day
-
-DEFAULT_MAX_TOKENS = 256
 
 
 class UserError(Exception):
     """A mistake on the command line: printed as one line, exit status 2."""
 
 
-GPU_PREFILL_STEP = 2048
-CPU_PREFILL_STEP = 16
 PROGRESS_AFTER = 2.0  # seconds of prefill before a progress line is shown
 
 
 def _prefill_step(args: argparse.Namespace) -> int:
     if args.prefill_step_size is None:
-        args.prefill_step_size = CPU_PREFILL_STEP if mx.default_device() == mx.cpu else GPU_PREFILL_STEP
+        args.prefill_step_size = CPU_PREFILL_STEP_SIZE if mx.default_device() == mx.cpu else PREFILL_STEP_SIZE
     return args.prefill_step_size
 
 
@@ -67,8 +64,8 @@ def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True)
                         help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
     if generation:
         parser.add_argument("--prefill-step-size", type=int, default=None,
-                            help=f"prefill the prompt in chunks of this many tokens (default {GPU_PREFILL_STEP} "
-                                 f"on a GPU; {CPU_PREFILL_STEP} on the CPU, where a token of prefill takes a "
+                            help=f"prefill the prompt in chunks of this many tokens (default {PREFILL_STEP_SIZE} "
+                                 f"on a GPU; {CPU_PREFILL_STEP_SIZE} on the CPU, where a token of prefill takes a "
                                  f"tenth of a second or more and Ctrl-C acts between chunks)")
         parser.add_argument("--no-kv-cache", action="store_true",
                             help="recompute the whole sequence for every token (week 1's loop; slow)")
@@ -112,8 +109,8 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     from .sampler import SamplingParams
 
     defaults = SamplingParams()
-    parser.add_argument("--max-tokens", "-m", type=int, default=DEFAULT_MAX_TOKENS,
-                        help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS}; -1: no limit)")
+    parser.add_argument("--max-tokens", "-m", type=int, default=MAX_TOKENS,
+                        help=f"most tokens to generate (default {MAX_TOKENS}; -1: no limit)")
     for flags, field, kind, text in _SAMPLING_FLAGS:
         default = 0.0 if field == "temperature" else getattr(defaults, field)
         parser.add_argument(*flags, dest=field, type=kind, default=default,
@@ -376,7 +373,7 @@ def _check_vocabulary(params, model) -> None:
 def _prompt_tokens(model, tokenizer, text: str, args: argparse.Namespace) -> list[int]:
     """The token ids of `text`, which with --max-tokens more must fit the model's context:
     a UserError otherwise."""
-    from .generate import check_context
+    from .model import check_context
 
     tokens = tokenizer.encode(text)
     try:
@@ -653,8 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="speculative decoding with this draft model (same tokenizer as --model)")
     gen.add_argument("--prompt-lookup", action="store_true",
                      help="speculative decoding with drafts copied from earlier text (no second model)")
-    gen.add_argument("--num-draft-tokens", type=int, default=4,
-                     help="tokens drafted per round of speculative decoding (default 4)")
+    gen.add_argument("--num-draft-tokens", type=int, default=NUM_DRAFT_TOKENS,
+                     help=f"tokens drafted per round of speculative decoding (default {NUM_DRAFT_TOKENS})")
     gen.set_defaults(run=_generate)
 
     chat = commands.add_parser("chat", help="an interactive conversation")
@@ -666,8 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--prompts", required=True, metavar="FILE",
                        help='one prompt per line, or JSON lines {"prompt": ..., "max_tokens": ..., "seed": ...} '
                             "with any sampling field")
-    batch.add_argument("--max-batch-size", type=int, default=8,
-                       help="most requests decoding together; the others wait (default 8)")
+    batch.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE,
+                       help=f"most requests decoding together; the others wait (default {MAX_BATCH_SIZE})")
     _add_model_options(batch)
     _add_sampling_options(batch)
     batch.set_defaults(run=_batch)

@@ -1,4 +1,4 @@
-"""Text generation: prefill the prompt, then decode one token at a time.
+"""Course: week 1 day 6 and week 2 day 2 — generation: prefill the prompt, then decode one token at a time.
 
 `generate_step` yields `(token, logprobs)`; `stream_generate` adds detokenized text and
 statistics; `generate` returns the whole text. Names and meanings follow `mlx_lm.generate`.
@@ -8,14 +8,23 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
 
+from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
+from .model import CachedModel, check_context, prefill, prompt_array
 from .progress import implemented
 from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
-Model = Callable[..., mx.array]
+if TYPE_CHECKING:  # week 3 day 1 loads only when speculative decoding is asked for
+    from .speculative import SpeculativeStats
+
+# Week 1's loop runs any function of `tokens [B, L]` to logits `[B, L, V]`; the cached loop
+# needs a `CachedModel`.
+LogitsFunction = Callable[[mx.array], mx.array]
 
 
 @dataclass(frozen=True)
@@ -44,21 +53,22 @@ class GenerationResponse:
 
 def generate_step(
     prompt: mx.array,
-    model: Model,
+    model: CachedModel | LogitsFunction,
     *,
-    max_tokens: int = 256,
+    max_tokens: int = MAX_TOKENS,
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     prompt_cache: list | None = None,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
 ) -> Generator[tuple[int, mx.array], None, None]:
     """Yield `(token, logprobs [V])` for up to `max_tokens` tokens (-1: no limit).
 
     With a KV cache (`prompt_cache`, or a new one from `model.make_cache()`), the prompt
     `[L]` is prefilled in chunks of `prefill_step_size` tokens and each decode step feeds
-    only the newest token (week 2). With `kv_cache=False`, or a model without
-    `make_cache`, every step runs the whole sequence through the model (week 1).
+    only the newest token (week 2). With `kv_cache=False`, or a model that is not a
+    `CachedModel` (a plain function of tokens), every step runs the whole sequence through
+    the model (week 1).
     `kv_cache=None` (the default) uses the cache once week 2 day 2 is implemented, which
     in the finished engine it always is.
     Logits processors see every token so far (prompt and generated) as `tokens [T]`.
@@ -70,13 +80,15 @@ def generate_step(
     sampler = sampler or greedy_sampler
     processors = list(logits_processors or [])
     prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
+    cacheable = isinstance(model, CachedModel)
     if kv_cache is None:
-        kv_cache = prompt_cache is not None or (hasattr(model, "make_cache") and cached_loop_implemented())
-    if prompt_cache is None and kv_cache and hasattr(model, "make_cache"):
+        kv_cache = prompt_cache is not None or (cacheable and cached_loop_implemented())
+    if prompt_cache is None and kv_cache and cacheable:
         prompt_cache = model.make_cache()
     if prompt_cache is None:
-        return _recompute_steps(prompt, model, max_tokens, sampler, processors)
-    return _cached_steps(prompt, model, prompt_cache, max_tokens, prefill_step_size, sampler, processors)
+        return _recompute_steps(prompt, model, max_tokens=max_tokens, sampler=sampler, processors=processors)
+    return _cached_steps(prompt, model, prompt_cache, max_tokens=max_tokens, step_size=prefill_step_size,
+                         sampler=sampler, processors=processors)
 
 
 def next_token(
@@ -93,7 +105,7 @@ def next_token(
     # END SOLUTION
 
 
-def _recompute_steps(prompt, model, max_tokens, sampler, processors):
+def _recompute_steps(prompt, model, *, max_tokens, sampler, processors):
     """Week 1: each step feeds the whole sequence so far and keeps only the last logits."""
     # BEGIN SOLUTION week1-day6
     tokens = prompt  # T: everything so far
@@ -108,23 +120,7 @@ def _recompute_steps(prompt, model, max_tokens, sampler, processors):
     # END SOLUTION
 
 
-def prefill(model: Model, tokens: mx.array, cache: list, step_size: int = 2048) -> mx.array:
-    """Run `tokens [B, L]` into `cache` in chunks of at most `step_size` positions, and
-    return the logits of the last position, `[B, V]`. Chunks bound the memory of the
-    attention scores (`L x S` per head) and of the activations. Only the cache of the
-    positions before the last is evaluated, so the output head (`E x V` per position) runs
-    for the last position alone."""
-    # BEGIN SOLUTION week2-day2
-    while tokens.shape[1] > 1:
-        n = min(step_size, tokens.shape[1] - 1)
-        model(tokens[:, :n], cache=cache)  # the logits are never evaluated: only the cache
-        mx.eval([a for c in cache for a in (c.keys, c.values)])
-        tokens = tokens[:, n:]
-    return model(tokens, cache=cache)[:, -1, :]
-    # END SOLUTION
-
-
-def _cached_steps(prompt, model, cache, max_tokens, step_size, sampler, processors):
+def _cached_steps(prompt, model, cache, *, max_tokens, step_size, sampler, processors):
     """Week 2: prefill once, then one token per step. The next step's graph is built and
     started (`mx.async_eval`) before the current token is handed out, so the model works
     while the caller handles the token."""
@@ -165,45 +161,27 @@ def _probe_cached_loop() -> None:
             return mx.zeros((B, L, 3))
 
     cache = [KVCache()]
-    list(_cached_steps(mx.array([1, 2, 1]), Stub(), cache, 2, 2, greedy_sampler, []))
+    list(_cached_steps(mx.array([1, 2, 1]), Stub(), cache, max_tokens=2, step_size=2, sampler=greedy_sampler,
+                       processors=[]))
     cache[0].trim(1)
 
 
-def check_context(model, prompt_tokens: int, max_tokens: int) -> int:
-    """Refuse a request that cannot fit the model's context (`model.args.max_position_embeddings`,
-    when the model has one): a prompt of `prompt_tokens` plus `max_tokens` new tokens. Returns
-    `max_tokens`, with -1 (no limit) turned into the room the context leaves. The one check
-    of generation, beam search, speculative decoding and batching."""
-    context = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if not context:
-        return max_tokens
-    if prompt_tokens >= context:
-        raise ValueError(f"prompt of {prompt_tokens} tokens leaves no room in the model's context of "
-                         f"{context} positions")
-    if max_tokens == -1:
-        return context - prompt_tokens
-    if prompt_tokens + max_tokens > context:
-        raise ValueError(f"prompt of {prompt_tokens} tokens plus max_tokens={max_tokens} exceeds the "
-                         f"model's context of {context} positions")
-    return max_tokens
-
-
 def stream_generate(
-    model: Model,
+    model: CachedModel | LogitsFunction,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | mx.array,
-    max_tokens: int = 256,
+    max_tokens: int = MAX_TOKENS,
     *,
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
     prompt_cache: list | None = None,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
-    draft_model: Model | None = None,
+    draft_model: CachedModel | None = None,
     prompt_lookup: bool = False,
-    num_draft_tokens: int = 3,
-    speculative_stats=None,
+    num_draft_tokens: int = NUM_DRAFT_TOKENS,
+    speculative_stats: "SpeculativeStats | None" = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -224,12 +202,8 @@ def stream_generate(
     max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
     if max_tokens == 0:
         raise ValueError("max_tokens must be positive or -1 (no limit), got 0")
-    if isinstance(prompt, str):
-        prompt = tokenizer.encode(prompt)
-    prompt = mx.array(prompt) if not isinstance(prompt, mx.array) else prompt
-    if prompt.ndim != 1 or prompt.size == 0:
-        raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
-    cached = prompt_cache[0].offset if prompt_cache and hasattr(prompt_cache[0], "offset") else 0
+    prompt = prompt_array(prompt, tokenizer)
+    cached = prompt_cache[0].offset if prompt_cache else 0  # positions the cache holds already
     max_tokens = check_context(model, cached + prompt.size, max_tokens)
 
     if draft_model is not None or prompt_lookup:
@@ -314,20 +288,26 @@ def _engine_sampler(
 
 
 def generate(
-    model: Model,
+    model: CachedModel | LogitsFunction,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | mx.array,
-    max_tokens: int = 256,
+    max_tokens: int = MAX_TOKENS,
     *,
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
-    **kwargs,
+    prompt_cache: list | None = None,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
+    kv_cache: bool | None = None,
+    draft_model: CachedModel | None = None,
+    prompt_lookup: bool = False,
+    num_draft_tokens: int = NUM_DRAFT_TOKENS,
+    speculative_stats: "SpeculativeStats | None" = None,
 ) -> str:
-    """The whole text `stream_generate` produces (`kwargs` go to it)."""
-    return "".join(
-        r.text for r in stream_generate(
-            model, tokenizer, prompt, max_tokens, sampler=sampler,
-            logits_processors=logits_processors, params=params, **kwargs,
-        )
-    )
+    """The whole text `stream_generate` produces with these arguments."""
+    return "".join(r.text for r in stream_generate(
+        model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=logits_processors,
+        params=params, prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
+        draft_model=draft_model, prompt_lookup=prompt_lookup, num_draft_tokens=num_draft_tokens,
+        speculative_stats=speculative_stats,
+    ))

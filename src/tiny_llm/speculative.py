@@ -1,4 +1,4 @@
-"""Speculative decoding with exact rejection sampling.
+"""Course: week 3 day 1 — speculative decoding with exact rejection sampling.
 
 A cheap drafter proposes `γ` tokens; the target model scores all of them in one forward
 pass. Draft token `x_i` (drawn from the draft distribution `q_i`) is accepted with
@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .generate import Model, prefill
+from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
+from .model import CachedModel, prefill, vocab_size
 from .sampler import Sampler, SamplingParams, fast, rng
 from .sampler.checks import check_int
+from .tokenizer import Tokenizer
 
 SPECULATIVE = 2  # rng stream id: independent of the engine's draw and XTC streams
 
@@ -92,17 +94,17 @@ def prompt_lookup(history: list[int], count: int, ngram: int = 3, min_ngram: int
 
 def speculative_generate_step(
     prompt: mx.array,
-    model: Model,
-    draft_model: Model | None = None,
+    model: CachedModel,
+    draft_model: CachedModel | None = None,
     *,
-    num_draft_tokens: int = 3,
+    num_draft_tokens: int = NUM_DRAFT_TOKENS,
     params: SamplingParams | None = None,
-    max_tokens: int = 256,
+    max_tokens: int = MAX_TOKENS,
     ngram: int = 3,
     min_ngram: int = 3,
-    prefill_step_size: int = 2048,
+    prefill_step_size: int = PREFILL_STEP_SIZE,
     stats: SpeculativeStats | None = None,
-    tokenizer=None,
+    tokenizer: Tokenizer | None = None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield `(token, logprobs [V], from_draft)` for up to `max_tokens` tokens.
 
@@ -130,20 +132,21 @@ def speculative_generate_step(
     if params.grammar is not None:
         raise ValueError("speculative decoding does not take a grammar: constrained decoding runs "
                          "without a drafter (drop draft_model / prompt_lookup)")
-    vocab = getattr(getattr(model, "args", None), "vocab_size", None)
-    draft_vocab = getattr(getattr(draft_model, "args", None), "vocab_size", None)
-    if draft_model is not None and vocab and draft_vocab and vocab != draft_vocab:
+    vocab = vocab_size(model)
+    draft_vocab = vocab_size(draft_model) if draft_model is not None else None
+    if vocab and draft_vocab and vocab != draft_vocab:
         raise ValueError(
             f"the draft model's vocabulary has {draft_vocab} tokens, the target's {vocab}: "
             "they must share the tokenizer"
         )
     if prompt.ndim != 1 or prompt.size == 0:
         raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
-    return _speculate(prompt, model, draft_model, num_draft_tokens, params, max_tokens, (min_ngram, ngram),
-                      prefill_step_size, stats or SpeculativeStats(), tokenizer)
+    return _speculate(prompt, model, draft_model, gamma=num_draft_tokens, params=params, max_tokens=max_tokens,
+                      ngrams=(min_ngram, ngram), step_size=prefill_step_size, stats=stats or SpeculativeStats(),
+                      tokenizer=tokenizer)
 
 
-def _speculate(prompt, model, draft_model, gamma, params, max_tokens, ngrams, step_size, stats, tokenizer):
+def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams, step_size, stats, tokenizer):
     engine = Sampler(params, tokenizer)
     seed = params.seed if params.seed is not None else secrets.randbits(32)
     counter = 0
@@ -171,8 +174,8 @@ def _speculate(prompt, model, draft_model, gamma, params, max_tokens, ngrams, st
         if draft_model is None:
             drafts, q = (prompt_lookup(history, room, ngrams[1], ngrams[0]) if room else []), None
         else:
-            drafts, q = _draft(draft_model, draft_cache, pending, history, room, distributions,
-                               uniforms, step_size)
+            drafts, q = _draft(draft_model, draft_cache, pending, history, count=room,
+                               distributions=distributions, uniforms=uniforms, step_size=step_size)
         logits = model(mx.array([[history[-1], *drafts]]), cache=cache)[0]  # γ+1, V
         p = distributions(logits, history, drafts)
         logprobs = logits.astype(mx.float32) - mx.logsumexp(logits.astype(mx.float32), axis=-1, keepdims=True)
@@ -202,7 +205,7 @@ def _speculate(prompt, model, draft_model, gamma, params, max_tokens, ngrams, st
             yield token, logprobs[i], i < n
 
 
-def _draft(draft_model, cache, pending, history, count, distributions, uniforms, step_size):
+def _draft(draft_model, cache, pending, history, *, count, distributions, uniforms, step_size):
     """Feed the draft model the tokens it lacks (`pending`), then draw `count` tokens from
     its chain distribution, one forward pass each. Returns the tokens and their
     distributions `q [count, V]`; the cache then holds every draft but the last. With

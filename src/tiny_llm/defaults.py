@@ -1,0 +1,14 @@
+"""Engine — the defaults of generation, each written once: the library's signatures and the
+command line's flags read them from here, so the two cannot disagree."""
+
+MAX_TOKENS = 256  # new tokens per request when the caller does not say (mlx-lm's default)
+
+# Prompt positions per prefill chunk (mlx-lm's default): bounds the attention scores' memory.
+PREFILL_STEP_SIZE = 2048
+# The command line's chunk on the CPU, where a token of prefill takes a tenth of a second or
+# more: Ctrl-C and the progress line act between chunks.
+CPU_PREFILL_STEP_SIZE = 16
+
+NUM_DRAFT_TOKENS = 3  # tokens drafted per round of speculative decoding (mlx-lm's default)
+
+MAX_BATCH_SIZE = 8  # requests that decode together in a BatchGenerator

@@ -1,0 +1,95 @@
+"""Course: week 2 day 2 — `prefill`; and the model contract every generation path shares.
+
+`Model` names what the engine needs from a model: `__call__(tokens, cache=None)`,
+`make_cache()`, its `layers` (one cache per layer) and the two numbers of its configuration
+that requests are checked against (`args.vocab_size`, `args.max_position_embeddings`).
+`Qwen2Model` offers all of it; a test's stand-in offers what the path it drives uses.
+Generation, batching, beam search and speculative decoding import from here, and nothing
+here imports them: the import graph stays a DAG.
+"""
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import mlx.core as mx
+
+from .defaults import PREFILL_STEP_SIZE
+from .tokenizer import Tokenizer
+
+
+class ModelConfig(Protocol):
+    """The part of a model's configuration (`ModelArgs`) the engine reads."""
+
+    vocab_size: int
+    max_position_embeddings: int | None
+
+
+@runtime_checkable
+class CachedModel(Protocol):
+    """A model that continues from a cache: `make_cache()` gives one empty cache per layer;
+    `model(tokens [B, L], cache=cache)` returns logits `[B, L, V]` and extends the cache."""
+
+    def __call__(self, tokens: mx.array, cache: list[Any] | None = None) -> mx.array: ...
+
+    def make_cache(self) -> list[Any]: ...
+
+
+@runtime_checkable
+class Model(CachedModel, Protocol):
+    """Everything the engine uses: a `CachedModel` with its `layers` (batching builds one
+    batch cache per layer) and its configuration `args`."""
+
+    args: ModelConfig
+    layers: Sequence[Any]
+
+
+def vocab_size(model: CachedModel) -> int | None:
+    """The model's vocabulary size, or None for a stand-in without a configuration."""
+    return model.args.vocab_size if isinstance(model, Model) else None
+
+
+def check_context(model: CachedModel, prompt_tokens: int, max_tokens: int) -> int:
+    """Refuse a request that cannot fit the model's context (`args.max_position_embeddings`,
+    when the model has one): a prompt of `prompt_tokens` plus `max_tokens` new tokens. Returns
+    `max_tokens`, with -1 (no limit) turned into the room the context leaves. The one check
+    of generation, beam search, speculative decoding and batching."""
+    context = model.args.max_position_embeddings if isinstance(model, Model) else None
+    if not context:
+        return max_tokens
+    if prompt_tokens >= context:
+        raise ValueError(f"prompt of {prompt_tokens} tokens leaves no room in the model's context of "
+                         f"{context} positions")
+    if max_tokens == -1:
+        return context - prompt_tokens
+    if prompt_tokens + max_tokens > context:
+        raise ValueError(f"prompt of {prompt_tokens} tokens plus max_tokens={max_tokens} exceeds the "
+                         f"model's context of {context} positions")
+    return max_tokens
+
+
+def prompt_array(prompt: str | Sequence[int] | mx.array, tokenizer: Tokenizer) -> mx.array:
+    """A request's prompt as token ids `[L]`: a string is encoded with `tokenizer`; token
+    ids (a list or an `mx.array [L]`) are taken as they are. An empty prompt is refused."""
+    if isinstance(prompt, str):
+        prompt = tokenizer.encode(prompt)
+    prompt = prompt if isinstance(prompt, mx.array) else mx.array(list(prompt), dtype=mx.int32)
+    if prompt.ndim != 1 or prompt.size == 0:
+        empty = "prompt is empty; " if prompt.size == 0 else ""
+        raise ValueError(f"{empty}prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
+    return prompt
+
+
+def prefill(model: CachedModel, tokens: mx.array, cache: list, step_size: int = PREFILL_STEP_SIZE) -> mx.array:
+    """Run `tokens [B, L]` into `cache` in chunks of at most `step_size` positions, and
+    return the logits of the last position, `[B, V]`. Chunks bound the memory of the
+    attention scores (`L x S` per head) and of the activations. Only the cache of the
+    positions before the last is evaluated, so the output head (`E x V` per position) runs
+    for the last position alone."""
+    # BEGIN SOLUTION week2-day2
+    while tokens.shape[1] > 1:
+        n = min(step_size, tokens.shape[1] - 1)
+        model(tokens[:, :n], cache=cache)  # the logits are never evaluated: only the cache
+        mx.eval([a for c in cache for a in (c.keys, c.values)])
+        tokens = tokens[:, n:]
+    return model(tokens, cache=cache)[:, -1, :]
+    # END SOLUTION
