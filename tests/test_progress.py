@@ -154,3 +154,21 @@ def test_the_package_imports_one_day_at_a_time():
         "'tiny_llm.loader',", "'tiny_llm.positional_encoding',", "'tiny_llm.progress',", "'tiny_llm.quantize',",
         "'tiny_llm.qwen2',", "'tiny_llm.tokenizer']", "True", "tiny_llm.generate",
     ]
+
+
+def test_public_names_live_on_the_package():
+    """The engine's public names are on `tiny_llm` itself, as in mlx-lm, and a function that
+    shares its name with a submodule stays the function after the submodule is imported."""
+    code = (
+        "import tiny_llm.beam_search, tiny_llm.generate, tiny_llm\n"
+        "from tiny_llm import batch, model, sampler, speculative\n"
+        "pairs = [(tiny_llm.SamplingParams, sampler.SamplingParams), (tiny_llm.Sampler, sampler.Sampler),\n"
+        "         (tiny_llm.make_sampler, sampler.make_sampler), (tiny_llm.batch_generate, batch.batch_generate),\n"
+        "         (tiny_llm.BatchGenerator, batch.BatchGenerator), (tiny_llm.prefill, model.prefill),\n"
+        "         (tiny_llm.Model, model.Model),\n"
+        "         (tiny_llm.speculative_generate_step, speculative.speculative_generate_step)]\n"
+        "print(all(a is b for a, b in pairs), tiny_llm.beam_search.__module__, tiny_llm.generate.__module__)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "tiny_llm.beam_search", "tiny_llm.generate"]

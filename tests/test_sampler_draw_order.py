@@ -1,9 +1,9 @@
 """Every inverse-CDF draw picks a token of positive mass, whatever order the running sums are
 added in (Metal's `cumsum` is a parallel scan that re-associates the additions).
 
-The draws sum through `fast.running_sum`; each test swaps in a scan that adds in another
+The draws sum through `draw.running_sum`; each test swaps in a scan that adds in another
 order and checks, on rows with mass-0 tails, grammar-like masks and uniforms at the edges,
-that no token of mass 0 is ever drawn: `_draw` (both levels), `_draw_flat`,
+that no token of mass 0 is ever drawn: `draw.draw` (both levels), `draw.draw_flat`,
 `speculative.draw`, the fast path's window draw and the grammar's redraw.
 """
 
@@ -16,12 +16,11 @@ import pytest
 
 from tiny_llm import speculative
 from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
-from tiny_llm.sampler import Sampler, SamplingParams, fast, rng, stages
-from tiny_llm.sampler.engine import _draw, _draw_flat
+from tiny_llm.sampler import Sampler, SamplingParams, draw, fast, rng, stages
 
 C = stages.CHUNK
-V_CHUNKED = 40 * C  # `_draw` takes the two-level road
-V_FLAT = 40 * C + 7  # `_draw` falls back to `_draw_flat`
+V_CHUNKED = 40 * C  # `draw.draw` takes the two-level road
+V_FLAT = 40 * C + 7  # `draw.draw` falls back to `draw.draw_flat`
 
 
 # ---- running sums added in other orders ---------------------------------------------------
@@ -58,7 +57,7 @@ SCANS = {"blocked": blocked_scan, "reversed": reversed_scan, "ulp": ulp_scan}
 @pytest.fixture(params=list(SCANS))
 def scan(request, monkeypatch):
     """Every draw sums with another association order for the length of the test."""
-    monkeypatch.setattr(fast, "running_sum", SCANS[request.param])
+    monkeypatch.setattr(draw, "running_sum", SCANS[request.param])
     mx.disable_compile()  # a compiled draw would keep the sum it was traced with
     yield request.param
     mx.enable_compile()
@@ -140,11 +139,11 @@ def every_u(x: np.ndarray, ends=chunk_ends, w=None) -> tuple[mx.array, mx.array,
 
 
 def engine_draw(x, u):
-    return _draw(x, u)[0]
+    return draw.draw(x, u)[0]
 
 
 def flat_draw(x, u):
-    return _draw_flat(x, u)[0]
+    return draw.draw_flat(x, u)[0]
 
 
 def speculative_draw(x, u):
@@ -301,19 +300,19 @@ def test_first_reaching_skips_mass_zero_and_non_monotone_sums():
                          [False] * 6])
     target = mx.array([1.0000001, 0.0, 0.0])
     # Row 0: entry 2 reaches the target but has mass 0; entry 3 has mass but sums lower.
-    assert fast.first_reaching(running, positive, target).tolist() == [4, 0, 0]
-    assert fast.reach(running, positive).tolist() == [2.0, 0.5, 0.0]
+    assert draw.first_reaching(running, positive, target).tolist() == [4, 0, 0]
+    assert draw.reach(running, positive).tolist() == [2.0, 0.5, 0.0]
 
 
 def test_inverse_cdf_exact_cases_and_batch_rows_equal_single_rows():
     w = mx.array([[0.0, 1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 3.0], [0.0] * 5])
     u = mx.array([0.5, 0.0, 0.7])
     # Row 0: u = 1/2 aims exactly at the end of token 1; row 2 has no mass at all.
-    assert fast.inverse_cdf(w, u).tolist() == [1, 4, 0]
-    assert fast.inverse_cdf(w, mx.array([1 - 2.0**-24] * 3)).tolist() == [3, 4, 0]
+    assert draw.inverse_cdf(w, u).tolist() == [1, 4, 0]
+    assert draw.inverse_cdf(w, mx.array([1 - 2.0**-24] * 3)).tolist() == [3, 4, 0]
     g = np.random.default_rng(3)
     rows = weights(hand_made_rows(V_CHUNKED))
     us = g.random(len(rows)).astype(np.float32)
-    batch = fast.inverse_cdf(mx.array(rows), mx.array(us)).tolist()
-    single = [fast.inverse_cdf(mx.array(rows[r : r + 1]), mx.array(us[r : r + 1])).item() for r in range(len(rows))]
+    batch = draw.inverse_cdf(mx.array(rows), mx.array(us)).tolist()
+    single = [draw.inverse_cdf(mx.array(rows[r : r + 1]), mx.array(us[r : r + 1])).item() for r in range(len(rows))]
     assert batch == single

@@ -137,7 +137,7 @@ def test_two_level_draw_is_the_inverse_cdf(V):
     """The chunked draw (and, for V not a multiple of 64, the flat one) picks, for every u
     on a grid, the token whose float64 cumulative interval holds u: excluded tokens (-inf)
     are never drawn, also at chunk edges (u within 1e-5 of an interval end is skipped)."""
-    from tiny_llm.sampler.engine import _draw
+    from tiny_llm.sampler.draw import draw as _draw
 
     rng = np.random.default_rng(V)
     x = np.full((3, V), -np.inf, dtype=np.float32)

@@ -1,7 +1,9 @@
-"""tiny-llm: Qwen2 inference built from mlx.core primitives, and a complete sampler.
+"""Engine — tiny-llm: Qwen2 inference built from mlx.core primitives, and a complete sampler.
 
-The package imports its modules lazily (PEP 562): `import tiny_llm.basics` loads the week 1
-building blocks alone, so a mistake in a later day's module cannot break an earlier day.
+The public names are here, as in mlx-lm: `tiny_llm.load`, `tiny_llm.generate`,
+`tiny_llm.SamplingParams`, `tiny_llm.batch_generate`, ... The package imports their modules
+lazily (PEP 562): `import tiny_llm.basics` loads the week 1 building blocks alone, so a
+mistake in a later day's module cannot break an earlier day.
 """
 
 import importlib
@@ -17,6 +19,21 @@ _EXPORTS = {
     "generate_step": "generate",
     "stream_generate": "generate",
     "GenerationResponse": "generate",
+    "Model": "model",
+    "CachedModel": "model",
+    "prefill": "model",
+    "SamplingParams": "sampler",
+    "Sampler": "sampler",
+    "make_sampler": "sampler",
+    "make_logits_processors": "sampler",
+    "token_distribution": "sampler",
+    "batch_generate": "batch",
+    "BatchGenerator": "batch",
+    "BatchResponse": "batch",
+    "BatchResult": "batch",
+    "beam_search": "beam_search",
+    "speculative_generate_step": "speculative",
+    "SpeculativeStats": "speculative",
 }
 __all__ = list(_EXPORTS)
 
@@ -38,17 +55,16 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`tiny_llm.generate` names the function, although `generate` is also a submodule:
-    importing a submodule sets the package's attribute of that name to the module, and this
-    property keeps the public name on the function."""
+    """`tiny_llm.generate` and `tiny_llm.beam_search` name the functions, although they are
+    also submodules: importing a submodule sets the package's attribute of that name to the
+    module, and these properties keep the public name on the function."""
 
-    @property
-    def generate(self):
-        return _export("generate")
 
-    @generate.setter
-    def generate(self, _module) -> None:
-        pass
+def _function_over_module(name: str) -> property:
+    return property(lambda _package: _export(name), lambda _package, _module: None)
 
+
+for _name in ("generate", "beam_search"):
+    setattr(_Package, _name, _function_over_module(_name))
 
 sys.modules[__name__].__class__ = _Package

@@ -126,6 +126,7 @@ def beam_search(
     prompt: str | Sequence[int] | mx.array,
     num_beams: int,
     max_tokens: int,
+    *,
     length_penalty: float = 1.0,
     early_stopping: bool | str = False,
     num_return_sequences: int = 1,

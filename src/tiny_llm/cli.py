@@ -288,7 +288,8 @@ def _print_stats(response, sampler=None) -> None:
     )
 
 
-def _stream(model, tokenizer, prompt: list[int], args, sampler, pieces: list[str] | None = None, speculative=None):
+def _stream(model, tokenizer, prompt: list[int], args, *, sampler, pieces: list[str] | None = None,
+            speculative=None):
     """Print the reply as it is produced; return (reply text, last response). The text so
     far is also appended to `pieces`, so that it survives a Ctrl-C. `speculative`: the
     keyword arguments of speculative decoding, with `sampler` then a SamplingParams."""
@@ -400,7 +401,7 @@ def _generate(args: argparse.Namespace) -> None:
     if speculative is not None:
         if args.draft_model:
             speculative["draft_model"] = _load(args, args.draft_model)[0]
-        _, last = _stream(model, tokenizer, prompt, args, _sampling(args, tokenizer), speculative=speculative)
+        _, last = _stream(model, tokenizer, prompt, args, sampler=_sampling(args, tokenizer), speculative=speculative)
         print(flush=True)
         if args.verbose:
             _print_stats(last)
@@ -410,7 +411,7 @@ def _generate(args: argparse.Namespace) -> None:
                   file=sys.stderr)
         return
     sampler = _make_sampler(args, tokenizer)
-    _, last = _stream(model, tokenizer, prompt, args, sampler)
+    _, last = _stream(model, tokenizer, prompt, args, sampler=sampler)
     print(flush=True)
     if args.verbose:
         _print_stats(last, sampler)
@@ -472,7 +473,7 @@ def _chat(args: argparse.Namespace) -> None:
         pieces, last = [], None
         sampler.reset_grammar()  # every reply follows the grammar from its start
         try:
-            _, last = _stream(model, tokenizer, prompt, args, sampler, pieces)
+            _, last = _stream(model, tokenizer, prompt, args, sampler=sampler, pieces=pieces)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()

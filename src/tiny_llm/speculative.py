@@ -21,12 +21,10 @@ import mlx.core as mx
 
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
 from .model import CachedModel, prefill, vocab_size
-from .sampler import Sampler, SamplingParams, fast, rng
+from .sampler import Sampler, SamplingParams, rng
+from .sampler.draw import inverse_cdf
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
-
-SPECULATIVE = 2  # rng stream id: independent of the engine's draw and XTC streams
-
 
 @dataclass
 class SpeculativeStats:
@@ -78,7 +76,7 @@ def rejection_sample(
 def draw(probs: mx.array, u: mx.array) -> mx.array:
     """Inverse-CDF draws: one token per row of `probs [B, V]` for uniforms `u [B]` in
     [0, 1); always a token with positive probability, whatever the summation order."""
-    return fast.inverse_cdf(probs, u)
+    return inverse_cdf(probs, u)
 
 
 def prompt_lookup(history: list[int], count: int, ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -153,7 +151,7 @@ def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams,
 
     def uniforms(n: int) -> mx.array:
         nonlocal counter
-        u = rng.uniform(mx.full((n,), seed, dtype=mx.uint32), mx.arange(counter, counter + n), SPECULATIVE)
+        u = rng.uniform(mx.full((n,), seed, dtype=mx.uint32), mx.arange(counter, counter + n), rng.SPECULATIVE)
         counter += n
         return u
 

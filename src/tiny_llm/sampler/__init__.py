@@ -1,4 +1,11 @@
-"""Token sampling: the week-1 `make_sampler` and mlx-lm-compatible helpers."""
+"""Engine — token sampling: the week 1 day 7 `make_sampler` (`basic.py`), the mlx-lm facade
+(`mlx_compat.py`) and the sampling engine (`SamplingParams`, `Sampler`).
+
+The engine's modules, from the bottom: `checks` (argument checks), `params` (the parameters),
+`penalties`, `dry`, `filters` and `stages` (the chain, the reference), `rng` (counter-based
+randomness), `draw` (the inverse-CDF draw), `fast` (the window path), `rows` (one row's state)
+and `engine` (the `Sampler`: a list of rows and the dispatch over them).
+"""
 
 from .basic import keep_top_k, keep_top_p, make_sampler
 from .basic import SamplerFunction

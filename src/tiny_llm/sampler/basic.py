@@ -1,4 +1,4 @@
-"""The week-1 sampler: greedy, temperature, top-k and top-p.
+"""Course: week 1 day 7 — the first sampler: greedy, temperature, top-k and top-p.
 
 Every function works on a batch: `logprobs [B, V]`, one distribution per row. Filters return
 the same array with the tokens they drop set to `-inf`.

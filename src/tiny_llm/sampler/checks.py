@@ -1,4 +1,4 @@
-"""Argument checks shared by every sampler entry point: one clear `ValueError` each."""
+"""Engine — argument checks shared by every entry point: one clear `ValueError` each."""
 
 import math
 import numbers

@@ -1,4 +1,4 @@
-"""DRY ("don't repeat yourself"): penalise tokens that would extend a repeated sequence.
+"""Engine — DRY ("don't repeat yourself"): penalise tokens that would extend a repeated sequence.
 
 For each candidate token t, n is the length of the longest suffix of the history that also
 occurred earlier immediately followed by t. Tokens with n >= allowed_length lose
@@ -46,6 +46,7 @@ def _since_last_breaker(history: Sequence[int], breakers: Sequence[tuple[int, ..
 
 def dry_penalties(
     history: Sequence[int],
+    *,
     multiplier: float,
     base: float,
     allowed_length: int,

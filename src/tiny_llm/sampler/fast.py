@@ -1,4 +1,4 @@
-"""The fast path: top-k / top-p / min-p / temperature chains without sorting the vocabulary.
+"""Engine — the fast path: top-k / top-p / min-p / temperature chains without sorting the vocabulary.
 
 The most likely W tokens of each row are found by partial selection (one pass over the
 vocabulary) and only they are sorted. Every filter then works on this window; the mass of
@@ -6,9 +6,6 @@ the whole vocabulary enters top-p through an exact sum over all tokens. A row wh
 could depend on a token outside the window (a nucleus larger than the window, ties at the
 window's edge, a min-p threshold below it, no filter at all) is reported for the full
 path, so the result is always the same as the reference chain's.
-
-The inverse-CDF draw that every path of the engine (and speculative decoding) uses lives
-here too, at the bottom: it is correct for any order in which the running sums are added.
 """
 
 import math
@@ -16,6 +13,7 @@ import math
 import mlx.core as mx
 
 from . import stages
+from .draw import inverse_cdf
 from .params import SamplingParams
 
 WINDOW = 256  # tokens kept in the window (at least; top-k up to MAX_WINDOW widens it)
@@ -187,41 +185,3 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
     tokens = mx.where(greedy, best, tokens)
     top = mx.where(greedy, mx.max(y, axis=-1, keepdims=True), mx.max(yw, axis=-1, keepdims=True))
     return tokens[:, 0].astype(mx.int32), (full & ~greedy)[:, 0], top[:, 0]
-
-
-# ---- the draw ---------------------------------------------------------------------------
-# A draw picks the first token whose running mass reaches u times the total. Run as a
-# parallel scan (Metal's `cumsum`), the running sums are added in another order than on the
-# CPU: they may fall by an ulp over tokens of mass 0, and a sum taken twice in two orders
-# need not agree in the last bit. The draw therefore only ever picks an entry of positive
-# mass, and never aims past the largest running value at such an entry. In exact arithmetic
-# (and for the CPU's sequential scan) both guards are no-ops: the tokens are the same.
-
-
-def running_sum(w: mx.array) -> mx.array:
-    """Running sums of `w [..., N]` along the last axis. Every draw sums through here (a
-    test swaps in scans that add in other orders)."""
-    return mx.cumsum(w, axis=-1)
-
-
-def reach(running: mx.array, positive: mx.array) -> mx.array:
-    """`[B]`: the largest of `running [B, N]` at an entry where `positive [B, N]`, or 0. For
-    monotone sums it is the running value at the last positive entry: the row total."""
-    return mx.max(mx.where(positive, running, 0.0), axis=-1)
-
-
-def first_reaching(running: mx.array, positive: mx.array, target: mx.array) -> mx.array:
-    """`[B]` int32: the first entry where `positive` and `running >= target [B]` (0 where
-    none is). If `target <= reach(running, positive)`, the entry where the reach is found
-    qualifies, so the answer has `positive` set whatever order `running` was summed in."""
-    hit = positive & (running >= target[:, None])  # B, N
-    return mx.argmax(hit, axis=-1).astype(mx.int32)  # argmax of booleans: the first True
-
-
-def inverse_cdf(w: mx.array, u: mx.array) -> mx.array:
-    """`[B]` int32: one draw per row of unnormalised weights `w [B, N]` (>= 0) for uniforms
-    `u [B]` in [0, 1): the first entry whose running mass reaches u times the total. The
-    entry always has `w > 0` (a row without one gives 0: callers tell such rows by their
-    max)."""
-    running, positive = running_sum(w), w > 0
-    return first_reaching(running, positive, u * reach(running, positive))

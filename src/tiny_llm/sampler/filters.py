@@ -1,4 +1,4 @@
-"""Filters beyond the week-1 set, shared by the mlx-lm facade and the engine."""
+"""Engine — filters beyond the week-1 set, shared by the mlx-lm facade and the engine."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Drop-in equivalents of `mlx_lm.sample_utils`: same names, arguments and results.
+"""Engine — drop-in equivalents of `mlx_lm.sample_utils`: same names, arguments and results.
 
 Two differences: bad arguments raise `ValueError` here, when the function is called or the
 processor is built, never from inside compiled code; and the penalty processors also accept

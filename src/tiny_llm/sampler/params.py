@@ -1,4 +1,4 @@
-"""Sampling parameters: one frozen, validated object per request (or per batch row)."""
+"""Engine — sampling parameters: one frozen, validated object per request (or per batch row)."""
 
 import math
 from collections.abc import Mapping, Sequence

@@ -1,4 +1,4 @@
-"""Repetition, presence and frequency penalties over a window of previous tokens."""
+"""Engine — repetition, presence and frequency penalties: the one home of their formulas."""
 
 import mlx.core as mx
 
@@ -13,17 +13,17 @@ def token_counts(tokens: mx.array, vocab_size: int, batch: int) -> mx.array:
     return mx.zeros((B, vocab_size), dtype=mx.int32).at[rows, tokens].add(1)
 
 
-def apply_repetition(logits: mx.array, counts: mx.array, penalty: float) -> mx.array:
+def apply_repetition(logits: mx.array, counts: mx.array, penalty: float | mx.array) -> mx.array:
     """Divide positive logits of seen tokens by `penalty`, multiply negative ones."""
     penalised = mx.where(logits < 0, logits * penalty, logits / penalty)
     return mx.where(counts > 0, penalised, logits)
 
 
-def apply_presence(logits: mx.array, counts: mx.array, penalty: float) -> mx.array:
+def apply_presence(logits: mx.array, counts: mx.array, penalty: float | mx.array) -> mx.array:
     """Subtract `penalty` once from every seen token."""
     return logits - penalty * (counts > 0).astype(logits.dtype)
 
 
-def apply_frequency(logits: mx.array, counts: mx.array, penalty: float) -> mx.array:
+def apply_frequency(logits: mx.array, counts: mx.array, penalty: float | mx.array) -> mx.array:
     """Subtract `penalty` once per occurrence."""
     return logits - penalty * counts.astype(logits.dtype)

@@ -1,4 +1,4 @@
-"""Counter-based randomness: one uniform per row from `(seed, draw number, stream)`.
+"""Engine — counter-based randomness: one uniform per row from `(seed, draw number, stream)`.
 
 A row's numbers depend only on its own seed and on how many tokens it has drawn, never on
 the other rows of the batch; the same numbers come out on every device.
@@ -7,8 +7,10 @@ the other rows of the batch; the same numbers come out on every device.
 import mlx.core as mx
 
 # Stream ids: the token draw, XTC's coin and the draw again after a grammar rejected the
-# first one are independent.
+# first one are independent. Speculative decoding's acceptance tests and draws have a
+# stream of their own; it shares GRAMMAR's number because it never runs with a grammar.
 DRAW, XTC, GRAMMAR = 0, 1, 2
+SPECULATIVE = GRAMMAR
 
 
 def _mix(x: mx.array) -> mx.array:

@@ -1,5 +1,6 @@
-"""The stages of the sampling chain. Each maps logits `[G, V]` (float32, excluded tokens at
--inf) to logits `[G, V]`, with one parameter per row (`[G, 1]` arrays): rows whose value
+"""Engine — the stages of the sampling chain: the reference every faster path agrees with.
+
+Each maps logits `[G, V]` (float32, excluded tokens at -inf) to logits `[G, V]`, with one parameter per row (`[G, 1]` arrays): rows whose value
 means "off" pass through unchanged. A filter renormalises over the candidates it is given
 and keeps every token tied with the last one it keeps.
 """
@@ -7,6 +8,8 @@ and keeps every token tied with the last one it keeps.
 import math
 
 import mlx.core as mx
+
+from .penalties import apply_frequency, apply_presence, apply_repetition
 
 NEG_INF = -math.inf
 LOG2E = 1.4426950408889634
@@ -58,10 +61,10 @@ def _keep_at_least(x: mx.array, threshold: mx.array, on: mx.array) -> mx.array:
 
 def penalties(x, counts, repetition, frequency, presence):
     """Repetition divides positive logits (multiplies negative ones) of seen tokens; then
-    frequency subtracts per occurrence and presence once. `counts [G, V]`."""
-    seen = counts > 0
-    x = mx.where(seen, mx.where(x > 0, x / repetition, x * repetition), x)
-    return x - counts.astype(mx.float32) * frequency - seen.astype(mx.float32) * presence
+    frequency subtracts per occurrence and presence once. `counts [G, V]`; the formulas are
+    those of the mlx-lm facade's processors (`penalties.py`)."""
+    x = apply_repetition(x, counts, repetition)
+    return apply_presence(apply_frequency(x, counts, frequency), counts, presence)
 
 
 def top_n_sigma(x, n):
