@@ -10,7 +10,11 @@ from mlx_lm.models import llama as mlx_llama
 from mlx_lm.models import qwen2 as mlx_qwen2
 from mlx_lm.models.base import create_causal_mask
 
-from tiny_llm.attention import causal_mask, scaled_dot_product_attention_grouped
+from tiny_llm.attention import (
+    causal_mask,
+    check_attention_inputs,
+    scaled_dot_product_attention_grouped,
+)
 from tiny_llm.qwen2 import ModelArgs, Qwen2MultiHeadAttention
 
 # (atol, rtol) per dtype. float16 keeps 11 significant bits and bfloat16 only 8, so inputs
@@ -196,6 +200,20 @@ def test_sdpa_grouped_rejects_bad_layouts_and_mask_names():
         scaled_dot_product_attention_grouped(
             mx.zeros((1, 4, 2, 8)), mx.zeros((1, 2, 3, 8)), mx.zeros((1, 2, 3, 8)), mask="upper"
         )
+
+
+def test_check_attention_inputs():
+    """The checks grouped attention (and week 2's fused kernel) share: inputs that fit pass
+    and return None; a 3-D value, or "causal" with more queries than keys, raise."""
+    q, k = mx.zeros((1, 4, 2, 8)), mx.zeros((1, 2, 3, 8))
+    assert check_attention_inputs(q, k, k, "causal") is None
+    assert check_attention_inputs(q, k, mx.zeros((1, 2, 3, 5)), mx.zeros((2, 3))) is None
+    with pytest.raises(ValueError, match="attention shapes do not match"):
+        check_attention_inputs(q, k, mx.zeros((1, 2, 3)))
+    with pytest.raises(ValueError, match="a causal mask needs L <= S, got L=4, S=3"):
+        check_attention_inputs(mx.zeros((1, 4, 4, 8)), k, k, "causal")
+    with pytest.raises(ValueError, match="attention shapes do not match"):
+        scaled_dot_product_attention_grouped(q, k, mx.zeros((1, 2, 3)))
 
 
 # --- Qwen2MultiHeadAttention vs mlx-lm -----------------------------------------------------

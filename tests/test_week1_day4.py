@@ -128,6 +128,20 @@ def test_rms_norm_batch_row_equals_single_row():
         assert_close(batched[i : i + 1], norm(x[i : i + 1]), mx.float32)
 
 
+def test_rms_norm_default_eps_is_the_models():
+    """Without an eps, RMSNorm uses ModelArgs' default rms_norm_eps (1e-6, as in Hugging Face's
+    Qwen2 and Llama configs). Inputs of size 1e-3 tell it apart from mlx.nn's 1e-5."""
+    config = dict(qwen2_config(8, 8))
+    del config["rms_norm_eps"]
+    eps = ModelArgs.from_config(config).rms_norm_eps
+    assert eps == 1e-6
+    x = normal(mx.random.key(6), (2, 32), mx.float32, scale=1e-3)
+    weight = mx.ones((32,))
+    actual = RMSNorm(weight)(x)
+    assert_close(actual, mx.fast.rms_norm(x, weight, eps), mx.float32)
+    assert not np.allclose(np.array(actual), np.array(mx.fast.rms_norm(x, weight, 1e-5)), rtol=1e-2)
+
+
 # --- Qwen2MLP vs mlx-lm --------------------------------------------------------------------
 
 

@@ -81,6 +81,16 @@ def test_rms_norm_uses_its_eps():
         assert_close(FusedRMSNorm(w, eps)(x), np_rms_norm(f64(x), f64(w), eps), 1e-5, 1e-4)
 
 
+def test_rms_norm_default_eps_is_the_models():
+    """Without an eps, FusedRMSNorm uses ModelArgs' default rms_norm_eps, as week 1's RMSNorm
+    does; inputs of size 1e-3 make eps visible."""
+    config = {k: v for k, v in TINY_CONFIGS["qwen2-untied"].items() if k != "rms_norm_eps"}
+    eps = ModelArgs.from_config(config).rms_norm_eps
+    x = normal(mx.random.key(3), (2, 3, 32), scale=1e-3)
+    w = mx.linspace(0.5, 1.5, 32)
+    assert_close(FusedRMSNorm(w)(x), np_rms_norm(f64(x), f64(w), eps), 1e-5, 1e-4)
+
+
 def test_rms_norm_large_half_precision_values_do_not_overflow():
     """float16 inputs near 1e3 (x**2 overflows float16 past 65504) still normalise correctly."""
     x = normal(mx.random.key(2), (2, 64), mx.float16, scale=2000.0)

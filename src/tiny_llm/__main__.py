@@ -1,3 +1,5 @@
+"""Engine — `python -m tiny_llm`: the `tiny-llm` command line."""
+
 from .cli import main
 
 raise SystemExit(main())

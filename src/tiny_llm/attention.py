@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: the plain form (day 1) and grouped-query attention (day 3)."""
+"""Course: week 1 days 1 and 3 — scaled dot-product attention: plain (day 1), grouped-query (day 3)."""
 
 import math
 
@@ -96,20 +96,21 @@ def causal_mask(L: int, S: int, dtype: mx.Dtype = mx.float32) -> mx.array:
     # END SOLUTION
 
 
-def scaled_dot_product_attention_grouped(
+def check_attention_inputs(
     query: mx.array,
     key: mx.array,
     value: mx.array,
-    scale: float | None = None,
     mask: mx.array | str | None = None,
-) -> mx.array:
-    """Grouped-query attention: `query [B, Hq, L, D]`, `key/value [B, Hkv, S, D]`.
+) -> None:
+    """Raise `ValueError` unless `query [B, Hq, L, D]`, `key [B, Hkv, S, D]` and
+    `value [B, Hkv, S, Dv]` fit together (`Hq` a multiple of `Hkv`) and `mask` is None, an
+    array or `"causal"` (which needs `L <= S`).
 
-    Each group of `Hq / Hkv` query heads shares one key/value head. `mask` is an additive
-    array broadcastable to `[B, Hq, L, S]`, or `"causal"`.
+    Grouped attention calls it first; so does the fused kernel of week 2 day 3, which must
+    refuse the same inputs before `mx.fast` runs.
     """
     # BEGIN SOLUTION week1-day3
-    if query.ndim != 4 or key.ndim != 4 or key.shape != value.shape[:3] + key.shape[3:]:
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or key.shape[:3] != value.shape[:3]:
         raise ValueError(
             f"attention shapes do not match: query {query.shape}, key {key.shape}, "
             f"value {value.shape} (need [B, Hq, L, D], [B, Hkv, S, D], [B, Hkv, S, Dv])"
@@ -121,15 +122,38 @@ def scaled_dot_product_attention_grouped(
             f"attention shapes do not match: query {query.shape}, key {key.shape} "
             f"(batch and head size must agree and Hq={Hq} must be a multiple of Hkv={Hkv})"
         )
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
+        if L > S:
+            raise ValueError(f"a causal mask needs L <= S, got L={L}, S={S}")
+    # END SOLUTION
+
+
+def scaled_dot_product_attention_grouped(
+    query: mx.array,
+    key: mx.array,
+    value: mx.array,
+    scale: float | None = None,
+    mask: mx.array | str | None = None,
+) -> mx.array:
+    """Grouped-query attention: `query [B, Hq, L, D]`, `key/value [B, Hkv, S, D]`.
+
+    Each group of `Hq / Hkv` query heads shares one key/value head. `mask` is an additive
+    array broadcastable to `[B, Hq, L, S]`, or `"causal"`. Bad inputs raise as in
+    `check_attention_inputs`.
+    """
+    # BEGIN SOLUTION week1-day3
+    check_attention_inputs(query, key, value, mask)
+    B, Hq, L, D = query.shape
+    _, Hkv, S, _ = key.shape
     n_rep = Hq // Hkv
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     q = query.reshape(B, Hkv, n_rep, L, D)
     k = key[:, :, None]  # B, Hkv, 1, S, D
     v = value[:, :, None]  # B, Hkv, 1, S, Dv
     scores = (q @ k.swapaxes(-1, -2)) * scale  # B, Hkv, n_rep, L, S
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
+    if isinstance(mask, str):  # "causal", the only name check_attention_inputs lets through
         scores = scores + causal_mask(L, S, scores.dtype)
     elif mask is not None:
         mask = mx.broadcast_to(mask, (B, Hq, L, S)).reshape(B, Hkv, n_rep, L, S)

@@ -1,4 +1,4 @@
-"""Week 1 building blocks: softmax, linear layers and the SiLU activation."""
+"""Course: week 1 days 1 and 4 — building blocks: softmax and linear (day 1), SiLU (day 4)."""
 
 import mlx.core as mx
 

@@ -1,4 +1,4 @@
-"""Token embedding, also usable as the tied output projection."""
+"""Course: week 1 day 5 — token embedding, also usable as the tied output projection."""
 
 import mlx.core as mx
 

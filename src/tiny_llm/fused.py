@@ -1,4 +1,4 @@
-"""Fused kernels: the week-1 building blocks, each replaced by one `mx.fast` call.
+"""Course: week 2 day 3 — fused kernels: week-1 building blocks, each as one `mx.fast` call.
 
 Each class or function takes the same arguments as its hand-written counterpart, so the
 model swaps them in with `fused=True` and computes the same values (up to rounding).
@@ -8,13 +8,15 @@ import math
 
 import mlx.core as mx
 
+from .attention import check_attention_inputs
+from .layer_norm import DEFAULT_RMS_NORM_EPS
 from .positional_encoding import RoPE
 
 
 class FusedRMSNorm:
     """`RMSNorm` as one `mx.fast.rms_norm` kernel."""
 
-    def __init__(self, weight: mx.array, eps: float = 1e-6):
+    def __init__(self, weight: mx.array, eps: float = DEFAULT_RMS_NORM_EPS):
         self.weight = weight
         self.eps = eps
 
@@ -49,20 +51,10 @@ def fused_attention(
 ) -> mx.array:
     """`scaled_dot_product_attention_grouped` as one `mx.fast.scaled_dot_product_attention`
     call: `query [B, Hq, L, D]`, `key/value [B, Hkv, S, D]`, an additive `mask`
-    broadcastable to `[B, Hq, L, S]` or `"causal"`."""
+    broadcastable to `[B, Hq, L, S]` or `"causal"`; bad inputs raise as in
+    `check_attention_inputs`."""
     # BEGIN SOLUTION week2-day3
-    if (query.ndim != 4 or key.ndim != 4 or value.ndim != 4 or key.shape[:3] != value.shape[:3]
-            or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]
-            or query.shape[1] % key.shape[1]):
-        raise ValueError(
-            f"attention shapes do not match: query {query.shape}, key {key.shape}, value {value.shape} "
-            f"(need [B, Hq, L, D], [B, Hkv, S, D], [B, Hkv, S, Dv] with Hq a multiple of Hkv)"
-        )
-    if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"mask must be an array, None or 'causal', got {mask!r}")
-        if query.shape[2] > key.shape[2]:
-            raise ValueError(f"a causal mask needs L <= S, got L={query.shape[2]}, S={key.shape[2]}")
+    check_attention_inputs(query, key, value, mask)  # week 1's checks, before the kernel runs
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     if isinstance(mask, mx.array):
         mask = mask.astype(query.dtype)

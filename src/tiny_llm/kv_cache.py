@@ -1,5 +1,7 @@
-"""Key/value caches: each layer keeps the keys and values of the tokens it has seen, so a
-decode step feeds the model one new token instead of the whole sequence.
+"""Course: week 2 days 2, 4 and 5 — key/value caches, for one sequence and for a changing batch.
+
+Each layer keeps the keys and values of the tokens it has seen, so a decode step feeds the
+model one new token instead of the whole sequence.
 
 `KVCache` holds one sequence (or a batch of sequences of the same length); `BatchKVCache`
 holds a batch of left-padded sequences of different lengths, and lets rows leave

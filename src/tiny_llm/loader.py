@@ -1,4 +1,4 @@
-"""Checkpoint loading: mlx-lm / Hugging Face directories, GGUF files and the default model.
+"""Engine — checkpoint loading: mlx-lm / Hugging Face directories, GGUF files, the default model.
 
 GGUF files are converted once into a cache directory in mlx-lm's format, so that
 `tiny_llm.load` and `mlx_lm.load` read the very same files.
@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .progress import implemented
-from .quantize import QuantizedWeight
+from .quantize import QuantizedWeight, Weight
 from .qwen2 import ModelArgs, Qwen2Model
 from .tokenizer import Tokenizer
 
@@ -111,13 +111,13 @@ def load_model(
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{directory} has no *.safetensors weight files")
-    weights: dict[str, mx.array] = {}
+    tensors: dict[str, mx.array] = {}
     for file in files:
         try:
-            weights.update(mx.load(str(file)))
+            tensors.update(mx.load(str(file)))
         except Exception as e:  # mx.load raises RuntimeError/ValueError with terse texts
             raise ValueError(f"cannot read weights from {file}: {e}") from None
-    weights = gather_quantized(weights, config.get("quantization"), unpack=dequantize)
+    weights = gather_quantized(tensors, config.get("quantization"), unpack=dequantize)
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
@@ -150,14 +150,14 @@ def _probe_fused() -> None:
 
 def gather_quantized(
     weights: Mapping[str, mx.array], quantization: Mapping | None, *, unpack: bool = False
-) -> dict[str, mx.array | QuantizedWeight]:
+) -> dict[str, Weight]:
     """Turn every MLX-quantized `(weight, scales, biases)` triple into one `QuantizedWeight`
     (or, with `unpack`, into its float32 values).
 
     `quantization` is the `config.json` entry: `group_size`, `bits`, and optional
     per-module overrides keyed by module path (`"model.embed_tokens": {...}`).
     """
-    out = dict(weights)
+    out: dict[str, Weight] = dict(weights)
     if not quantization:
         return out
     for key in [k for k in weights if k.endswith(".scales")]:

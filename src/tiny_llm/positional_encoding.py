@@ -1,4 +1,4 @@
-"""Rotary positional encoding (RoPE)."""
+"""Course: week 1 day 2 — rotary positional encoding (RoPE)."""
 
 import mlx.core as mx
 

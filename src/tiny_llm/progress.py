@@ -1,5 +1,7 @@
-"""Course — which days a starter has implemented, so that week 2's fast paths switch on by
-themselves once their day is done, and a command that needs a missing day can say which.
+"""Engine — course progress: which days a starter has implemented.
+
+Week 2's fast paths switch on by themselves once their day is done, and a command that
+needs a missing day can say which.
 
 In the finished engine every day is implemented and every check answers True. In a
 student's starter an exercise not yet written raises `NotImplementedError("weekW-dayD: ...")`;

@@ -1,4 +1,4 @@
-"""Affine-quantized weights: packed integers, one scale and one bias per group of values.
+"""Course: week 2 day 1 — affine-quantized weights: packed integers, a scale and a bias per group.
 
 A row of `I` values is cut into groups of `group_size`; each value is stored as a `bits`-bit
 integer q, and stands for `scale * q + bias` of its group. 32 // bits integers are packed
@@ -6,6 +6,7 @@ into each uint32, lowest bits first (MLX's layout).
 """
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import mlx.core as mx
 
@@ -33,6 +34,12 @@ class QuantizedWeight:
 
     def arrays(self) -> list[mx.array]:
         return [self.weight, self.scales, self.biases]
+
+
+# A weight the model multiplies with: an array, or a `QuantizedWeight` kept packed (what a
+# quantized checkpoint gives for its projections, embedding table and lm_head unless loaded
+# with `dequantize=True`). Norm weights and biases are never quantized: plain `mx.array`.
+Weight: TypeAlias = mx.array | QuantizedWeight
 
 
 def dequantize(w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:

@@ -1,8 +1,9 @@
-"""The Qwen2 / Llama decoder, built from the week-1 primitives.
+"""Course: week 1 days 3, 4 and 5 — the Qwen2 / Llama decoder, built from the week-1 primitives.
 
 Weights are looked up by their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`,
 ...), so checkpoints load without renaming. Llama is the same network without the q/k/v
-biases.
+biases. A weight may be kept quantized (`Weight`: an array or a `QuantizedWeight`);
+`project` multiplies with either.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import mlx.core as mx
 from .attention import causal_mask, scaled_dot_product_attention_grouped
 from .basics import linear, silu
 from .embedding import Embedding, QuantizedEmbedding
-from .layer_norm import RMSNorm
+from .layer_norm import DEFAULT_RMS_NORM_EPS, RMSNorm
 from .positional_encoding import RoPE
-from .quantize import QuantizedWeight, quantized_linear
+from .quantize import QuantizedWeight, Weight, quantized_linear
 
 if TYPE_CHECKING:  # week 2 modules load only when a model uses them
     from .kv_cache import KVCache
@@ -36,7 +37,7 @@ class ModelArgs:
     intermediate_size: int
     num_attention_heads: int
     vocab_size: int
-    rms_norm_eps: float = 1e-6
+    rms_norm_eps: float = DEFAULT_RMS_NORM_EPS
     num_key_value_heads: int | None = None
     head_dim: int | None = None
     rope_theta: float = 10000.0
@@ -129,14 +130,14 @@ def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def project(x: mx.array, w: mx.array | QuantizedWeight, bias: mx.array | None = None) -> mx.array:
+def project(x: mx.array, w: Weight, bias: mx.array | None = None) -> mx.array:
     """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized."""
     if isinstance(w, QuantizedWeight):
         return quantized_linear(x, w, bias)
     return linear(x, w, bias)
 
 
-def check_weights(args: ModelArgs, weights: Mapping[str, mx.array]) -> None:
+def check_weights(args: ModelArgs, weights: Mapping[str, Weight]) -> None:
     """Raise `ValueError` naming the first missing or mis-shaped parameter."""
     for name, shape in expected_weight_shapes(args).items():
         if name not in weights:
@@ -147,7 +148,7 @@ def check_weights(args: ModelArgs, weights: Mapping[str, mx.array]) -> None:
             )
 
 
-def _require(weights: Mapping[str, mx.array], name: str) -> mx.array:
+def _require(weights: Mapping[str, Weight], name: str) -> Weight:
     if name not in weights:
         raise ValueError(f"missing weight {name!r}")
     return weights[name]
@@ -167,7 +168,7 @@ class Qwen2MultiHeadAttention:
 
     `fused` swaps the hand-written RoPE and attention for their `mx.fast` kernels."""
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = "",
+    def __init__(self, args: ModelArgs, weights: Mapping[str, Weight], prefix: str = "",
                  fused: bool = False):
         self.num_heads = args.num_attention_heads
         self.num_kv_heads = args.num_key_value_heads
@@ -218,7 +219,7 @@ class Qwen2MultiHeadAttention:
 class Qwen2MLP:
     """SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`; weights under `prefix` (`...mlp.`)."""
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = ""):
+    def __init__(self, args: ModelArgs, weights: Mapping[str, Weight], prefix: str = ""):
         get = weights.get
         self.w_gate, self.b_gate = _require(weights, prefix + "gate_proj.weight"), get(prefix + "gate_proj.bias")
         self.w_up, self.b_up = _require(weights, prefix + "up_proj.weight"), get(prefix + "up_proj.bias")
@@ -235,7 +236,7 @@ class Qwen2MLP:
 class Qwen2TransformerBlock:
     """Pre-norm decoder block: `h = x + attn(norm(x)); out = h + mlp(norm(h))`."""
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], prefix: str = "",
+    def __init__(self, args: ModelArgs, weights: Mapping[str, Weight], prefix: str = "",
                  fused: bool = False):
         eps = args.rms_norm_eps
         norm = _norm_class(fused)
@@ -262,11 +263,12 @@ class Qwen2TransformerBlock:
 class Qwen2Model:
     """The whole decoder: embedding, blocks, final norm and the output head.
 
-    `weights` maps Hugging Face names to arrays; they are checked against `args` first.
+    `weights` maps Hugging Face names to arrays, or to `QuantizedWeight`s for the
+    projections and the embedding table; they are checked against `args` first.
     `fused=True` uses the `mx.fast` kernels for RMSNorm, RoPE and attention (week 2).
     """
 
-    def __init__(self, args: ModelArgs, weights: Mapping[str, mx.array], fused: bool = False):
+    def __init__(self, args: ModelArgs, weights: Mapping[str, Weight], fused: bool = False):
         check_weights(args, weights)
         self.args = args
         self.fused = fused

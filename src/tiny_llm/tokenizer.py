@@ -1,4 +1,4 @@
-"""Tokenizers: Hugging Face `tokenizer.json` files, GGUF vocabularies, chat templates."""
+"""Engine — tokenizers: Hugging Face `tokenizer.json` files, GGUF vocabularies, chat templates."""
 
 import json
 from collections.abc import Mapping, Sequence
