@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
+from tiny_llm.constrain.escape import gbnf_class_char, gbnf_literal
 from tiny_llm.constrain.grammar import Automaton, parse
 
 JSONISH = r"""
@@ -134,6 +135,66 @@ def test_grammar_other_root_and_equality():
     assert g.accepts("x") and not g.accepts("")
     assert g == Grammar.from_gbnf('start ::= "x"', root="start") and hash(g) == hash(Grammar('start ::= "x"', "start"))
     assert g != Grammar.from_gbnf('root ::= "x"')
+
+
+# ---- writing GBNF: the escapes of the converters, read back by the parser -----------------
+# Every ASCII code point (so `"`, `\`, `]`, `-`, `^`, newline, tab and CR among them), and
+# characters of 2, 3 and 4 UTF-8 bytes, printable or not (NEL, no-break space, the Arabic letter
+# mark, U+2028, a BOM, a private-use character, U+FFFF, a tag character, the last code point).
+ESCAPED = [chr(cp) for cp in range(128)] + [
+    "é", "中", "😀", "\x85", "\xa0", "\u061c", "\u2028", "\ufeff", "\ue000", "\uffff", "\U000e0001",
+    "\U0010ffff"]
+TRICKY = ["", "\\n", '\\"', '"\\', "\\x41", "\\u00e9", '""', "#", 'a" | "b', "[^a]", "é中😀\u2028"]
+
+
+def accepted(grammar: Grammar, texts) -> list[str]:
+    return [t for t in texts if grammar.accepts(t)]
+
+
+def test_an_escaped_literal_matches_exactly_its_text():
+    for ch in ESCAPED:
+        g = Grammar.from_gbnf(f"root ::= {gbnf_literal(ch)}")
+        assert accepted(g, ESCAPED) == [ch], repr(ch)
+        assert accepted(g, ["", ch * 2]) == [], repr(ch)
+    for text in ["".join(ESCAPED), *TRICKY]:
+        g = Grammar.from_gbnf(f"root ::= {gbnf_literal(text)}")
+        assert g.accepts(text), repr(text)
+        assert accepted(g, {text[:-1], text[1:], text + "a", "a" + text} - {text}) == [], repr(text)
+
+
+def test_an_escaped_class_character_matches_exactly_that_character():
+    a, z = gbnf_class_char("a"), gbnf_class_char("z")
+    for ch in ESCAPED:
+        item = gbnf_class_char(ch)
+        assert accepted(Grammar.from_gbnf(f"root ::= [{item}]"), ESCAPED) == [ch], repr(ch)
+        assert accepted(Grammar.from_gbnf(f"root ::= [^{item}]"), ESCAPED) == [c for c in ESCAPED if c != ch]
+        between = Grammar.from_gbnf(f"root ::= [{a}{item}{z}]")  # a `-` here must not make a range
+        assert accepted(between, ESCAPED) == [c for c in ESCAPED if c in {"a", ch, "z"}], repr(ch)
+        assert accepted(Grammar.from_gbnf(f"root ::= [{item}-{item}]"), ESCAPED) == [ch], repr(ch)
+        assert accepted(Grammar.from_gbnf(f"root ::= [{item}]"), ["", ch * 2]) == [], repr(ch)
+
+
+def test_escapes_are_read_back_as_the_code_points_written():
+    """Lone surrogates too, which `accepts` cannot see (they are not UTF-8)."""
+    text = "a\ud800\udfff\\\"\n"
+    chars = tuple(("chars", ((ord(c), ord(c)),), False) for c in text)
+    assert parse(f"root ::= {gbnf_literal(text)}")["root"] == ("seq", (("seq", chars),))
+    surrogate = ("chars", ((0xDC00, 0xDC00),), False)
+    assert parse(f"root ::= [{gbnf_class_char(chr(0xDC00))}]")["root"] == ("seq", (surrogate,))
+
+
+def test_escaped_text_is_exact():
+    assert gbnf_literal('a"\\\n\r\t\x00\x7f\x85\u2028\ud800 é中😀\U0010ffff') == (
+        r'"a\"\\\n\r\t\x00\x7F\x85\u2028\uD800 é中😀\U0010FFFF"')
+    assert gbnf_literal("") == '""'
+    assert [gbnf_class_char(c) for c in '\\]^-["# a\n\x7f\u2028😀'] == [
+        r"\x5C", r"\x5D", r"\x5E", r"\x2D", "[", '"', "#", " ", "a", r"\x0A", r"\x7F", r"\u2028", "😀"]
+
+
+@pytest.mark.parametrize("char", ["", "ab", 97])
+def test_a_class_character_is_one_character(char):
+    with pytest.raises(ValueError, match=f"gbnf_class_char: char must be a str of one character, got {char!r}"):
+        gbnf_class_char(char)
 
 
 # ---- the matcher against brute force ------------------------------------------------------

@@ -500,7 +500,7 @@ def test_exact_gbnf_for_optional_properties_and_extra_pairs():
         "additionalProperties": {"type": "boolean"},
     }
     other = r'[^"\x5C\x7F\x00-\x1F'
-    escapes = r'"\\" [\x22\x5Cbfnrt]'
+    escapes = r'"\\" ["\x5Cbfnrt]'
     assert json_schema_to_gbnf(schema) == (
         'root ::= "{" space ( root-n-kv ( "," space root-tag-kv )? ( "," space root-additional-kv )*'
         ' | root-tag-kv ( "," space root-additional-kv )*'
@@ -583,7 +583,8 @@ def test_json_text_and_true_schema():
     ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "property 'a' at # is required"),
     ({"type": "object", "required": "a"}, "'required' at # must be a list of strings"),
     ({"type": "object", "properties": []}, "'properties' at # must be an object"),
-    ({"type": "object", "additionalProperties": 3}, "'additionalProperties' at # must be a schema"),
+    ({"type": "object", "additionalProperties": 3},
+     "the schema at #/additionalProperties is a int, not an object or a boolean"),
     ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "'allOf' at # with 2 schemas is not supported"),
     ({"type": "string", "anyOf": [{"maxLength": 3}]}, "'type' next to 'anyOf' at # is not supported"),
     ({"anyOf": []}, "'anyOf' at # must be a non-empty list"),
@@ -605,6 +606,41 @@ def test_json_text_and_true_schema():
 def test_errors_name_the_keyword_and_path(schema, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         json_schema_to_gbnf(schema)
+
+
+OF_SCHEMAS = "must be an object whose values are schemas (objects or booleans), got"
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"$defs": False}, f"'$defs' at # {OF_SCHEMAS} bool"),
+    ({"type": "integer", "definitions": [{"type": "string"}]}, f"'definitions' at # {OF_SCHEMAS} list"),
+    ({"type": "array", "items": {"$defs": None}}, f"'$defs' at #/items {OF_SCHEMAS} NoneType"),
+    ({"$defs": {"a": {}, "b": 5}}, "the schema at #/$defs/b is a int, not an object or a boolean"),
+    ({"$ref": "#/definitions/a", "definitions": {"a": {}, "b/c~": "string"}},
+     "the schema at #/definitions/b~1c~0 is a str, not an object or a boolean"),
+    ({"type": "object", "properties": []}, f"'properties' at # {OF_SCHEMAS} list"),
+    ({"type": "string", "properties": 5}, f"'properties' at # {OF_SCHEMAS} int"),
+    ({"type": "object", "additionalProperties": None},
+     "the schema at #/additionalProperties is a NoneType, not an object or a boolean"),
+    ({"type": "null", "additionalProperties": []}, "the schema at #/additionalProperties is a list"),
+    ({"type": "array", "items": 5, "maxItems": 0}, "the schema at #/items is a int, not an object or a boolean"),
+    ({"type": "boolean", "items": "string"}, "the schema at #/items is a str, not an object or a boolean"),
+    ({"type": "integer", "items": [{}]}, "'items' at # is a list (the tuple form of older drafts)"),
+    ({"type": "array", "prefixItems": {"type": "string"}}, "'prefixItems' at # must be a list of schemas, got dict"),
+    ({"type": "array", "prefixItems": [{}, 5], "maxItems": 1},
+     "the schema at #/prefixItems/1 is a int, not an object or a boolean"),
+])
+def test_keywords_that_hold_schemas_must_hold_schemas(schema, message):
+    """Checked whatever types the schema allows, and also where the subschema is never
+    converted (an unreferenced definition, items past `maxItems`)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        json_schema_to_gbnf(schema)
+
+
+def test_definitions_of_schemas_are_accepted():
+    schema = {"type": "integer", "maximum": 3, "$defs": {"t": True, "f": False, "s": {"type": "string"}},
+              "definitions": {}, "properties": {"p": False}, "prefixItems": [False], "items": False}
+    assert Grammar.from_json_schema(schema).accepts("3") and not Grammar.from_json_schema(schema).accepts("4")
 
 
 def nested_arrays(depth: int) -> dict:

@@ -135,7 +135,7 @@ def test_non_ascii_characters(pattern, matches, rejects):
     (r"[^\s\S]", r"[^\x00-\U0010FFFF]"),
     ('"\\\\\n\x7f', r'"\"\\\n\x7F"'),
     ("a{x", '"a{x"'),
-    ("😀+[😀-😂]", r'"😀"+ [\U0001F600-\U0001F602]'),
+    ("😀+[😀-😂]", '"😀"+ [😀-😂]'),
 ])
 def test_expression_text(pattern, expression):
     assert regex_to_gbnf_expression(pattern) == expression

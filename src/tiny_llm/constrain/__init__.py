@@ -1,4 +1,4 @@
-"""Constrained decoding: grammars (GBNF, JSON schema, regular expressions) as token masks.
+"""Engine — constrained decoding: grammars (GBNF, JSON schema, regular expressions) as token masks.
 
     grammar = Grammar.from_json_schema(schema)
     params = SamplingParams(temperature=0.7, grammar=grammar)   # the sampler masks tokens

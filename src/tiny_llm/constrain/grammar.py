@@ -1,4 +1,4 @@
-"""GBNF grammars: parse, compile to a pushdown automaton, and run it byte by byte.
+"""Engine — GBNF grammars: parse, compile to a pushdown automaton, and run it byte by byte.
 
 The format is llama.cpp's GBNF:
 
@@ -29,6 +29,7 @@ from collections import deque
 
 import numpy as np
 
+from .escape import HEX_ESCAPES, NAMED_ESCAPES
 from .limits import MAX_NESTING, MAX_REPEAT
 
 # ---- syntax tree --------------------------------------------------------------------------
@@ -230,10 +231,9 @@ class _Parser:
         start = self.pos
         e = self.peek(1)
         self.pos += 2
-        simple = {"n": 10, "r": 13, "t": 9, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45, "^": 94, "/": 47}
-        if e in simple:
-            return simple[e]
-        digits = {"x": 2, "u": 4, "U": 8}.get(e)
+        if e in NAMED_ESCAPES:
+            return ord(NAMED_ESCAPES[e])
+        digits = HEX_ESCAPES.get(e)
         if digits is None:
             raise self.error(f"unknown escape '\\{e}'", start)
         h = self.text[self.pos:self.pos + digits]

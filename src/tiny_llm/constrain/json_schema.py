@@ -1,4 +1,4 @@
-r"""JSON schemas to GBNF: a grammar whose texts are JSON documents that validate.
+r"""Engine — JSON schemas to GBNF: a grammar whose texts are JSON documents that validate.
 
     json_schema_to_gbnf({"type": "object", "properties": {"name": {"type": "string"}},
                          "required": ["name"]})
@@ -39,21 +39,26 @@ Supported keywords:
   numbers: `minimum: 0` only.
 - `anyOf`, `oneOf` (both become an alternation: a grammar cannot say "exactly one of", so a text
   valid under several `oneOf` branches is accepted), `allOf` with one schema, and local `$ref`
-  (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer into the document).
+  (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer into the document); `$defs` and
+  `definitions` hold schemas for `$ref` to point to and constrain nothing themselves.
 - boolean schemas (`true` anywhere; `false` for a property, for `items`, for a `prefixItems`
   entry and for `additionalProperties`).
 
 Ignored: annotations (`title`, `description`, `examples`, `default`, `$schema`, `$id`,
-`$comment`, `deprecated`, `readOnly`, `writeOnly`, `$defs`, `definitions`, `$anchor`, the
-`content...` keywords), `format` values other than the four above (JSON Schema treats `format`
-as an annotation by default), and words that are not JSON Schema keywords, which JSON Schema
-ignores as well. Every other keyword (`not`, `if`/`then`/`else`, `patternProperties`,
-`propertyNames`, `dependentRequired`, `dependentSchemas`, `dependencies`, `uniqueItems`,
-`multipleOf`, `minProperties`, `maxProperties`, `contains`, `unevaluated...`, `additionalItems`,
+`$comment`, `deprecated`, `readOnly`, `writeOnly`, `$anchor`, the `content...` keywords),
+`format` values other than the four above (JSON Schema treats `format` as an annotation by
+default), and words that are not JSON Schema keywords, which JSON Schema ignores as well. Every
+other keyword (`not`, `if`/`then`/`else`, `patternProperties`, `propertyNames`,
+`dependentRequired`, `dependentSchemas`, `dependencies`, `uniqueItems`, `multipleOf`,
+`minProperties`, `maxProperties`, `contains`, `unevaluated...`, `additionalItems`,
 `$dynamicRef`, remote `$ref`, ...) raises ValueError naming the keyword and its JSON pointer,
 e.g. `json schema: 'not' at #/properties/age is not supported`; so do malformed schemas and
 keyword combinations that would need an intersection of languages (`anyOf` next to `type`,
-`pattern` next to `maxLength`).
+`pattern` next to `maxLength`). The keywords that hold schemas must hold them in their shape in
+every schema that is converted, whatever types it allows: `$defs`, `definitions` and
+`properties` an object of schemas, `items` and `additionalProperties` a schema, `prefixItems` a
+list of schemas (`json schema: '$defs' at # must be an object whose values are schemas (objects
+or booleans), got bool`).
 
 Where the grammar is stricter than JSON Schema, and why:
 
@@ -91,6 +96,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
+from .escape import gbnf_class_char, gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
 __all__ = ["json_schema_to_gbnf"]
@@ -144,11 +150,12 @@ TYPE_KEYWORDS = {
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": RANGE_KEYWORDS,
 }
+# The keywords whose value is an object of schemas, by name.
+SCHEMA_MAPS = ("$defs", "definitions", "properties")
 CONSTRAINTS = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf",
                          *(k for keys in TYPE_KEYWORDS.values() for k in keys)})
 
 _NAME = re.compile(r"[a-zA-Z0-9-]+")
-_LITERAL_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _KEY_ESCAPES = '"\\bfnrt'  # what may follow a backslash in the key of an extra pair
 
 
@@ -233,14 +240,13 @@ class _Converter:
             return self._primitive("value")
         if schema is False:
             raise ValueError(f"json schema: the schema at {path} is false, so nothing matches")
-        if not isinstance(schema, dict):
-            raise ValueError(f"json schema: the schema at {path} is a {type(schema).__name__}, "
-                             "not an object or a boolean")
+        _check_schema(schema, path)
         for key in schema:
             if key in UNSUPPORTED:
                 raise ValueError(f"json schema: {key!r} at {path} is not supported")
         if not isinstance(schema.get("format", ""), str):
             raise ValueError(f"json schema: 'format' at {path} must be a string")
+        _check_subschemas(schema, path)
         if "$ref" in schema:
             self._alone(schema, "$ref", path)
             return self._ref(schema["$ref"], path)
@@ -347,7 +353,7 @@ class _Converter:
                      for v in values]
         except ValueError as e:
             raise ValueError(f"json schema: a value of 'enum' or 'const' at {path} is not JSON: {e}") from e
-        literals = [_literal(t) for t in dict.fromkeys(texts)]
+        literals = [gbnf_literal(t) for t in dict.fromkeys(texts)]
         return f"{_group(' | '.join(literals))} space"
 
     # ---- strings ------------------------------------------------------------------------
@@ -425,14 +431,10 @@ class _Converter:
 
     def _object(self, schema: dict, name: str, path: str) -> str:
         properties = schema.get("properties", {})
-        if not isinstance(properties, dict):
-            raise ValueError(f"json schema: 'properties' at {path} must be an object")
         required = schema.get("required", [])
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise ValueError(f"json schema: 'required' at {path} must be a list of strings")
         additional = schema.get("additionalProperties", True if not properties else None)
-        if not isinstance(additional, (bool, dict, type(None))):
-            raise ValueError(f"json schema: 'additionalProperties' at {path} must be a schema")
         if not properties and not required and (additional is True or additional == {}):
             return self._primitive("object")
 
@@ -453,7 +455,7 @@ class _Converter:
                 continue
             prop = f"{name}-{_slug(key) or 'property'}"
             value = self._visit(sub, prop, sub_path)
-            kv = f"{_literal(json.dumps(key, ensure_ascii=False))} space \":\" space {value}"
+            kv = f"{gbnf_literal(json.dumps(key, ensure_ascii=False))} space \":\" space {value}"
             pairs.append((self._add_rule(f"{prop}-kv", kv), key in required, False))
         if additional not in (None, False):
             pairs.append((self._extra_pairs(additional, [e[0] for e in entries], name, path), False, True))
@@ -483,12 +485,7 @@ class _Converter:
 
     def _array(self, schema: dict, name: str, path: str) -> str:
         prefix = schema.get("prefixItems", [])
-        if not isinstance(prefix, list):
-            raise ValueError(f"json schema: 'prefixItems' at {path} must be a list of schemas")
         items = schema.get("items", True)
-        if isinstance(items, list):
-            raise ValueError(f"json schema: 'items' at {path} is a list (the tuple form of older "
-                             "drafts); write 'prefixItems' instead")
         low = _count(schema, "minItems", path, 0)
         high = _count(schema, "maxItems", path, None)
         if not prefix and (items is True or items == {}) and low == 0 and high is None:
@@ -515,6 +512,42 @@ class _Converter:
 def _constrains(schema: dict, key: str) -> bool:
     """Whether `key` is in `schema` and narrows the language (an unknown `format` does not)."""
     return key in schema and (key != "format" or schema[key] in FORMATS)
+
+
+def _check_schema(value: Any, path: str) -> None:
+    """ValueError unless `value` is a schema: an object or a boolean."""
+    if not isinstance(value, (dict, bool)):
+        raise ValueError(f"json schema: the schema at {path} is a {type(value).__name__}, "
+                         "not an object or a boolean")
+
+
+def _check_subschemas(schema: dict, path: str) -> None:
+    """ValueError unless each keyword of `schema` that holds schemas holds them in the shape it
+    must: `$defs`, `definitions` and `properties` an object of schemas, `items` and
+    `additionalProperties` a schema, `prefixItems` a list of schemas. Checked whatever types the
+    schema allows, so a non-schema such as `{"$defs": false}` is refused even where the keyword
+    has no effect; the schemas inside are checked further only where they are converted."""
+    for key in SCHEMA_MAPS:
+        if key in schema:
+            value = schema[key]
+            if not isinstance(value, dict):
+                raise ValueError(f"json schema: {key!r} at {path} must be an object whose values are "
+                                 f"schemas (objects or booleans), got {type(value).__name__}")
+            for name, sub in value.items():
+                _check_schema(sub, f"{path}/{key}/{_pointer(name)}")
+    if isinstance(schema.get("items"), list):
+        raise ValueError(f"json schema: 'items' at {path} is a list (the tuple form of older "
+                         "drafts); write 'prefixItems' instead")
+    for key in ("items", "additionalProperties"):
+        if key in schema:
+            _check_schema(schema[key], f"{path}/{key}")
+    if "prefixItems" in schema:
+        prefix = schema["prefixItems"]
+        if not isinstance(prefix, list):
+            raise ValueError(f"json schema: 'prefixItems' at {path} must be a list of schemas, "
+                             f"got {type(prefix).__name__}")
+        for i, sub in enumerate(prefix):
+            _check_schema(sub, f"{path}/prefixItems/{i}")
 
 
 def _declared_types(schema: dict, path: str) -> list[str]:
@@ -584,34 +617,6 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 
 # ---- GBNF text ----------------------------------------------------------------------------
-
-
-def _literal(text: str) -> str:
-    """A GBNF string literal for `text`."""
-    out = []
-    for c in text:
-        cp = ord(c)
-        if c in _LITERAL_ESCAPES:
-            out.append(_LITERAL_ESCAPES[c])
-        elif cp < 0x20 or cp == 0x7F:
-            out.append(f"\\x{cp:02X}")
-        elif not c.isprintable() and c != " ":
-            out.append(f"\\u{cp:04X}" if cp <= 0xFFFF else f"\\U{cp:08X}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
-
-
-def _class_char(c: str) -> str:
-    """One character inside a GBNF class: ASCII punctuation and controls as `\\xHH`."""
-    cp = ord(c)
-    if c.isascii() and c.isalnum():
-        return c
-    if cp < 0x80:
-        return f"\\x{cp:02X}"
-    if c.isprintable():
-        return c
-    return f"\\u{cp:04X}" if cp <= 0xFFFF else f"\\U{cp:08X}"
 
 
 def _has_top_level_bar(expression: str) -> bool:
@@ -735,13 +740,13 @@ def _trie_expression(node: dict) -> str:
         if unit is None or not _spellable(unit):
             continue
         (escaped if len(unit) == 2 else raw).append(unit[-1])
-        branches.append(_sequence(_literal(unit), _trie_expression(child)))
+        branches.append(_sequence(gbnf_literal(unit), _trie_expression(child)))
     if not branches:
         return "key-char+" if None in node else "key-char*"
-    other = "[^" + '"\\x5C\\x7F\\x00-\\x1F' + "".join(_class_char(c) for c in raw) + "]"
+    other = "[^" + '"\\x5C\\x7F\\x00-\\x1F' + "".join(gbnf_class_char(c) for c in raw) + "]"
     escapes = [c for c in _KEY_ESCAPES if c not in escaped]
     if escapes:
-        other = f'( {other} | "\\\\" [{"".join(_class_char(c) for c in escapes)}] )'
+        other = f'( {other} | "\\\\" [{"".join(gbnf_class_char(c) for c in escapes)}] )'
     branches.append(f"{other} key-char*")
     body = " | ".join(branches)
     return f"( {body} )" if None in node else f"( {body} )?"

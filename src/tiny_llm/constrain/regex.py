@@ -1,4 +1,4 @@
-r"""Regular expressions to GBNF: one grammar expression with the regex's full-match language.
+r"""Engine — regular expressions to GBNF: one grammar expression with the regex's full-match language.
 
     regex_to_gbnf_expression(r"\d{3}-[a-z]+")   # '[0-9]{3} "-" [a-z]+'
     regex_to_gbnf(r"\d{3}-[a-z]+")              # 'root ::= [0-9]{3} "-" [a-z]+\n'
@@ -30,9 +30,10 @@ The pattern is parsed into a small tree, simplified, and printed as a GBNF expre
   `"a"{0,3}`): the language is unchanged and the grammar has no repetition of an empty match.
 - Under full-match semantics `^` at the very start and `$` at the very end change nothing, so they
   are dropped; anywhere else they raise.
-- Literals escape `"` and `\`; classes write `\ [ ] ^ -` as `\xHH`. Control characters, other
-  unprintable ones and lone surrogates become `\xHH`, `\uHHHH` or `\UHHHHHHHH`, as do characters
-  above U+FFFF inside classes; other characters appear as themselves.
+- Literals and classes are written by `escape.gbnf_literal` and `escape.gbnf_class_char`, as for
+  JSON schemas: a literal escapes `"` and `\` and writes `\n \r \t` by name, a class writes
+  `\ ] ^ -` as `\xHH`, characters that are not printable (controls, separators such as U+2028,
+  lone surrogates) become `\xHH`, `\uHHHH` or `\UHHHHHHHH`, and the others appear as themselves.
 
 Constructs with no GBNF counterpart (backreferences, lookarounds, `\b \B \A \Z`, inline flags,
 possessive quantifiers, atomic and conditional groups, comment groups, `\p{..}`) raise
@@ -45,6 +46,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from .escape import gbnf_class_char, gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
 __all__ = ["regex_to_gbnf", "regex_to_gbnf_expression"]
@@ -489,48 +491,12 @@ class _Parser:
 # ---------------------------------------------------------------------------------------------
 # Printing GBNF.
 
-LITERAL_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-CLASS_SPECIALS = "\\[]^-"
-
-
-def _hex_escape(cp: int) -> str:
-    if cp <= 0xFF:
-        return f"\\x{cp:02X}"
-    if cp <= 0xFFFF:
-        return f"\\u{cp:04X}"
-    return f"\\U{cp:08X}"
-
-
-def _plain(cp: int) -> bool:
-    """Whether the character may be written as itself (printable, not a lone surrogate)."""
-    return chr(cp).isprintable() and not 0xD800 <= cp <= 0xDFFF
-
-
-def _literal(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in LITERAL_ESCAPES:
-            out.append(LITERAL_ESCAPES[ch])
-        else:
-            out.append(ch if _plain(ord(ch)) else _hex_escape(ord(ch)))
-    return '"' + "".join(out) + '"'
-
-
-def _class_char(cp: int) -> str:
-    if cp > 0xFFFF or chr(cp) in CLASS_SPECIALS or not _plain(cp):
-        return _hex_escape(cp)
-    return chr(cp)
-
 
 def _class_body(ranges: Ranges) -> str:
     parts = []
     for lo, hi in ranges:
-        if lo == hi:
-            parts.append(_class_char(lo))
-        elif hi == lo + 1:
-            parts.append(_class_char(lo) + _class_char(hi))
-        else:
-            parts.append(f"{_class_char(lo)}-{_class_char(hi)}")
+        first, last = gbnf_class_char(chr(lo)), gbnf_class_char(chr(hi))
+        parts.append(first if lo == hi else first + last if hi == lo + 1 else f"{first}-{last}")
     return "".join(parts)
 
 
@@ -538,7 +504,7 @@ def _format_chars(ranges: Ranges) -> str:
     """A one-character literal, or the shorter of the positive and the negated class."""
     cp = _point(ranges)
     if cp is not None:
-        return _literal(chr(cp))
+        return gbnf_literal(chr(cp))
     complement = _complement(ranges)
     if not complement:
         return f"[{_class_body(ranges)}]"
@@ -568,11 +534,11 @@ def _format_sequence(node: Node) -> str:
             run.append(chr(cp))
             continue
         if run:
-            parts.append(_literal("".join(run)))
+            parts.append(gbnf_literal("".join(run)))
             run = []
         parts.append(_format_item(item))
     if run:
-        parts.append(_literal("".join(run)))
+        parts.append(gbnf_literal("".join(run)))
     return " ".join(parts)
 
 

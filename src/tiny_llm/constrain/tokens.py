@@ -1,4 +1,4 @@
-"""From grammar states to token masks over a vocabulary.
+"""Engine — from grammar states to token masks over a vocabulary.
 
 A token is allowed in a state when feeding its bytes keeps the automaton alive: the text so
 far plus the token can still be completed into a sentence. End-of-sequence tokens are
