@@ -21,13 +21,13 @@ unconstrained tiny-llm throughput (the constraint costs < 20 %). Median of --rep
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
+from bench_common import machine_info, write_json
 
 # The example schema: a name, an age (0-120), a city and up to three hobbies.
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "examples" / "person.json").read_text())
@@ -100,9 +100,7 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         for mode in modes:
             runs[mode].append(once(mode, args.max_tokens))
-    info = dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
-                mlx=mx.__version__, mlx_lm=mlx_lm.__version__, device=str(mx.default_device()),
-                max_tokens=args.max_tokens, repeats=args.repeats, sampling=SAMPLING)
+    info = machine_info(max_tokens=args.max_tokens, repeats=args.repeats, sampling=SAMPLING)
     print(f"MLX {info['mlx']}, mlx-lm {info['mlx_lm']} on {info['device']} ({info['processor']}); default "
           f"model (SmolLM2-135M, 4-bit), up to {args.max_tokens} tokens, median of {args.repeats}")
     base = statistics.median(r["decode_tps"] for r in runs["none"])
@@ -123,10 +121,7 @@ def main(argv=None) -> int:
     finished = sum(r["tokens"] < args.max_tokens for m in ("check", "mask") for r in runs[m])
     print(f"constrained runs that ended by themselves: {finished} of {2 * args.repeats}; "
           f"of those, valid against the schema: {valid}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, results=results), f, indent=2)
-        print(f"wrote {args.json}")
+    write_json(args.json, info=info, results=results)
     return 0
 
 

@@ -45,8 +45,6 @@ How it is measured:
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,6 +53,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from bench_common import machine_info, write_json
 
 CONFIGS = {  # name: (model source, dtype name or None for the weights as shipped)
     "smollm2-4bit": ("default", None),
@@ -347,19 +346,6 @@ def measure_bandwidth(repeats: int = 7) -> float:
     return 2 * a.nbytes / statistics.median(times[1:]) / 1e9
 
 
-def machine_info(bandwidth: float) -> dict:
-    from importlib import metadata
-
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").is_file():
-        names = [l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                 if l.startswith("model name")]
-        cpu = names[0] if names else cpu
-    return dict(platform=platform.platform(), processor=cpu, cpu_count=os.cpu_count(),
-                device=str(mx.default_device()), mlx=mx.__version__,
-                mlx_lm=metadata.version("mlx-lm"), bandwidth_gbs=bandwidth)
-
-
 def ratio(tiny: dict, mlx: dict, key: str) -> float | None:
     a, b = tiny.get("median", {}).get(key), mlx.get("median", {}).get(key)
     return a / b if a is not None and b else None
@@ -477,7 +463,7 @@ def main(argv=None) -> int:
     if args.max_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1 or min(batches) < 1:
         parser.error("need --max-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1 and batch sizes >= 1")
 
-    info = machine_info(measure_bandwidth())
+    info = machine_info(bandwidth_gbs=measure_bandwidth())
     info |= dict(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, repeats=args.repeats,
                  sampling_b1="greedy, stream_generate(sampler=, logits_processors=) on both sides",
                  sampling_batch=", ".join(f"{k} {v}" for k, v in SAMPLING.items())
@@ -493,10 +479,7 @@ def main(argv=None) -> int:
     if args.ablation:
         print(f"ablation: smollm2-4bit, B = 1, greedy, tiny-llm only; median of {args.repeats}")
         rows = run_ablation(args)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(info=info, ablation=rows), f, indent=2)
-            print(f"wrote {args.json}")
+        write_json(args.json, info=info, ablation=rows)
         return 0
     print(HEADER, flush=True)
     results, notes = [], {}
@@ -512,10 +495,7 @@ def main(argv=None) -> int:
     for config, lines in notes.items():
         for line in lines:
             print(f"{config}: {line}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, results=results, notes=notes), f, indent=2)
-        print(f"wrote {args.json}")
+    write_json(args.json, info=info, results=results, notes=notes)
     return 0
 
 

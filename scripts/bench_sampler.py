@@ -12,13 +12,12 @@ mlx-lm's time divided by tiny-llm's (above 1: tiny-llm is faster).
 """
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 
 import mlx.core as mx
+from bench_common import machine_info, write_json
 from mlx_lm import sample_utils as mlx_lm_sampling
 
 from tiny_llm.sampler import Sampler, SamplingParams, make_logits_processors, make_sampler
@@ -104,9 +103,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.vocab, args.batch, args.repeats = 4096, "1,4", 2
     batches = [int(b) for b in args.batch.split(",")]
-    info = dict(mlx=mx.__version__, device=str(mx.default_device()), machine=platform.machine(),
-                processor=platform.processor() or platform.machine(), vocab=args.vocab, repeats=args.repeats,
-                logits="Zipf(1.5) + N(0, 1) scores, permuted, normalised to log-probabilities")
+    info = machine_info(vocab=args.vocab, repeats=args.repeats,
+                        logits="Zipf(1.5) + N(0, 1) scores, permuted, normalised to log-probabilities")
     print(f"MLX {info['mlx']} on {info['device']} ({info['machine']}), V = {args.vocab}, "
           f"median of {args.repeats} runs; logits: {info['logits']}")
     print(f"{'configuration':24s} {'B':>3s} {'make_sampler':>13s} {'Sampler':>9s} {'mlx-lm':>9s} "
@@ -121,10 +119,7 @@ def main(argv=None) -> int:
                       f"{row['vs_categorical']:18.2f}x", flush=True)
             else:
                 print(f"{row['config']:24s} {B:3d} {row['tiny_make_sampler']:10.2f} ms", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, results=results), f, indent=2)
-        print(f"wrote {args.json}")
+    write_json(args.json, info=info, results=results)
     return 0
 
 

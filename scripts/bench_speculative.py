@@ -19,13 +19,11 @@ runs after one warm-up.
 """
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 
-import mlx.core as mx
+from bench_common import machine_info, write_json
 
 from tiny_llm.defaults import NUM_DRAFT_TOKENS
 
@@ -82,9 +80,7 @@ def main(argv=None) -> int:
     import tiny_llm
 
     model, tokenizer = tiny_llm.load("default")
-    info = dict(platform=platform.platform(), processor=platform.processor() or platform.machine(),
-                mlx=mx.__version__, device=str(mx.default_device()), max_tokens=args.max_tokens,
-                num_draft_tokens=args.num_draft_tokens, repeats=args.repeats)
+    info = machine_info(max_tokens=args.max_tokens, num_draft_tokens=args.num_draft_tokens, repeats=args.repeats)
     print(f"MLX {info['mlx']} on {info['device']} ({info['processor']}); default model (SmolLM2-135M, 4-bit), "
           f"greedy, {args.max_tokens} tokens, prompt lookup with {args.num_draft_tokens} draft tokens, "
           f"median of {args.repeats}")
@@ -101,10 +97,7 @@ def main(argv=None) -> int:
         print(f"{task:<12} {plain['decode_tps']:12.2f} {spec['decode_tps']:11.2f} {speedup:8.2f}x{miss}"
               f" {TARGETS[task]:6.1f}x {spec['acceptance']:9.0%} {spec['per_pass']:9.2f} {str(same):>12}")
         results.append(dict(task=task, plain=plain, speculative=spec, speedup=speedup, same_tokens=same))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(info=info, results=results), f, indent=2)
-        print(f"wrote {args.json}")
+    write_json(args.json, info=info, results=results)
     return 0
 
 

@@ -3,6 +3,7 @@
 import importlib
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 from tokenizers import Tokenizer as Backend
@@ -36,6 +37,34 @@ TINY_CONFIGS = {
         rope_theta=10_000.0, tie_word_embeddings=False,
     ),
 }
+
+
+# (atol, rtol) per dtype. float16 keeps 11 significant bits and bfloat16 only 8, so inputs
+# and outputs rounded to half precision differ from the oracle by about one unit in the
+# last place of values of order 1.
+TOLERANCES = {
+    mx.float32: (1e-5, 1e-5),
+    mx.float16: (1e-2, 1e-2),
+    mx.bfloat16: (5e-2, 5e-2),
+}
+
+
+def assert_close(actual: mx.array, expected: mx.array, dtype: mx.Dtype) -> None:
+    """Same shape, same dtype, and values (compared in float32) within the tolerance of `dtype`."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    atol, rtol = TOLERANCES[dtype]
+    np.testing.assert_allclose(
+        np.array(actual.astype(mx.float32)),
+        np.array(expected.astype(mx.float32)),
+        atol=atol,
+        rtol=rtol,
+    )
+
+
+def normal(key: mx.array, shape: tuple[int, ...], dtype: mx.Dtype, scale: float = 1.0) -> mx.array:
+    """Seeded normal values of `dtype` (std `scale`)."""
+    return (scale * mx.random.normal(shape, key=key)).astype(dtype)
 
 
 def reference_model(config: dict, seed: int = 0, scale: float = 0.2):

@@ -147,9 +147,7 @@ def test_the_package_imports_one_day_at_a_time():
         "import tiny_llm.generate, tiny_llm\n"
         "print(loaded, callable(tiny_llm.generate), tiny_llm.generate.__module__)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == [
+    assert fresh_python(code) == [
         "['tiny_llm.attention',", "'tiny_llm.basics',", "'tiny_llm.embedding',", "'tiny_llm.layer_norm',",
         "'tiny_llm.loader',", "'tiny_llm.positional_encoding',", "'tiny_llm.progress',", "'tiny_llm.quantize',",
         "'tiny_llm.qwen2',", "'tiny_llm.tokenizer']", "True", "tiny_llm.generate",
@@ -169,6 +167,11 @@ def test_public_names_live_on_the_package():
         "         (tiny_llm.speculative_generate_step, speculative.speculative_generate_step)]\n"
         "print(all(a is b for a, b in pairs), tiny_llm.beam_search.__module__, tiny_llm.generate.__module__)\n"
     )
+    assert fresh_python(code) == ["True", "tiny_llm.beam_search", "tiny_llm.generate"]
+
+
+def fresh_python(code: str) -> list[str]:
+    """The words `code` prints in a new interpreter (nothing of tiny_llm imported yet)."""
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["True", "tiny_llm.beam_search", "tiny_llm.generate"]
+    return run.stdout.split()

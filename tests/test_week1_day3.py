@@ -5,6 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import assert_close, normal
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama as mlx_llama
 from mlx_lm.models import qwen2 as mlx_qwen2
@@ -16,33 +17,6 @@ from tiny_llm.attention import (
     scaled_dot_product_attention_grouped,
 )
 from tiny_llm.qwen2 import ModelArgs, Qwen2MultiHeadAttention
-
-# (atol, rtol) per dtype. float16 keeps 11 significant bits and bfloat16 only 8, so inputs
-# and outputs rounded to half precision differ from the oracle by about one unit in the
-# last place of values of order 1.
-TOLERANCES = {
-    mx.float32: (1e-5, 1e-5),
-    mx.float16: (1e-2, 1e-2),
-    mx.bfloat16: (5e-2, 5e-2),
-}
-
-
-def assert_close(actual: mx.array, expected: mx.array, dtype: mx.Dtype) -> None:
-    """Same shape, same dtype, and values within the tolerance of `dtype`."""
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    atol, rtol = TOLERANCES[dtype]
-    np.testing.assert_allclose(
-        np.array(actual.astype(mx.float32)),
-        np.array(expected.astype(mx.float32)),
-        atol=atol,
-        rtol=rtol,
-    )
-
-
-def normal(key: mx.array, shape: tuple[int, ...], dtype: mx.Dtype, scale: float = 1.0) -> mx.array:
-    return (scale * mx.random.normal(shape, key=key)).astype(dtype)
-
 
 # --- causal_mask ---------------------------------------------------------------------------
 

@@ -1,0 +1,29 @@
+"""What the benchmark scripts share: the machine they ran on, and writing their numbers."""
+
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+import mlx.core as mx
+
+
+def machine_info(**extra) -> dict:
+    """The platform, processor, core count, MLX device and versions, plus `extra`."""
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").is_file():
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return dict(platform=platform.platform(), machine=platform.machine(), processor=cpu,
+                cpu_count=os.cpu_count(), device=str(mx.default_device()), mlx=mx.__version__,
+                mlx_lm=metadata.version("mlx-lm"), **extra)
+
+
+def write_json(path: str | None, **data) -> None:
+    """Write `data` to `path` as JSON (nothing when `path` is None)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"wrote {path}")
