@@ -42,6 +42,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_constrain_json_schema.py": (),
     "tests/test_constrain_sampling.py": (),
     "tests/test_fuzz.py": (),
+    "tests/test_layout.py": (),
     "tests/test_constrain_generate.py": ("week2-day5",),
     "tests/test_batch.py": ("week2-day5",),
     "tests/test_beam_search.py": ("week2-day2",),
