@@ -12,7 +12,6 @@ prompt lookup, which proposes the tokens that followed the latest earlier occurr
 last few tokens (a point mass: `q(x) = 1`).
 """
 
-import math
 import secrets
 from collections.abc import Generator
 from dataclasses import dataclass
