@@ -7,7 +7,6 @@ statistics; `generate` returns the whole text. Names and meanings follow `mlx_lm
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import mlx.core as mx

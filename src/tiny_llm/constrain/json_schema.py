@@ -517,7 +517,7 @@ def _constrains(schema: dict, key: str) -> bool:
 def _check_schema(value: Any, path: str) -> None:
     """ValueError unless `value` is a schema: an object or a boolean."""
     if not isinstance(value, (dict, bool)):
-        raise ValueError(f"json schema: the schema at {path} is a {type(value).__name__}, "
+        raise ValueError(f"json schema: the schema at {path} is of type {type(value).__name__}, "
                          "not an object or a boolean")
 
 
