@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained clean
+.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ bench-speculative: setup
 
 bench-constrained: setup
 	$(PY) scripts/bench_constrained.py $(if $(QUICK),--quick,)
+
+# Sampling and decoding of the working tree against an earlier commit, interleaved in one
+# process (BEFORE=rev; for changes that should not alter speed).
+BEFORE ?= HEAD
+bench-before-after: setup
+	$(PY) scripts/bench_before_after.py --before $(BEFORE) $(if $(QUICK),--quick,)
 
 book: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml

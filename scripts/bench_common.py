@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the machine they ran on, and writing their numbers."""
 
+import argparse
 import json
 import os
 import platform
@@ -27,3 +28,11 @@ def write_json(path: str | None, **data) -> None:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
         print(f"wrote {path}")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, repeats: int, quick: str) -> None:
+    """The options every benchmark has: `--repeats`, `--quick` (a smoke run, described by
+    `quick`) and `--json`."""
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per cell (default {repeats})")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", default=None, help="write the numbers and machine info to this file")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from bench_common import machine_info, write_json
+from bench_common import add_run_arguments, machine_info, write_json
 
 # The example schema: a name, an age (0-120), a city and up to three hobbies.
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "examples" / "person.json").read_text())
@@ -70,9 +70,7 @@ def _rate(times: list[float]) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark JSON-schema constrained decoding.")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="16 tokens, 1 repeat (a smoke run)")
-    parser.add_argument("--json", default=None, help="write the numbers to this file")
+    add_run_arguments(parser, repeats=5, quick="16 tokens, 1 repeat (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_tokens, args.repeats = 16, 1

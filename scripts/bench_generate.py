@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from bench_common import machine_info, write_json
+from bench_common import add_run_arguments, machine_info, write_json
 
 CONFIGS = {  # name: (model source, dtype name or None for the weights as shipped)
     "smollm2-4bit": ("default", None),
@@ -433,9 +433,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="smollm2-4bit, B 1 and 2, 16 + 8 tokens, 1 repeat")
-    parser.add_argument("--json", default=None, help="write the numbers and machine info to this file")
+    add_run_arguments(parser, repeats=3, quick="smollm2-4bit, B 1 and 2, 16 + 8 tokens, 1 repeat")
     parser.add_argument("--ablation", action="store_true",
                         help="instead: tiny-llm's default model at B = 1, each mx.fast kernel switched on in turn")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "IMPL", "B"), help=argparse.SUPPRESS)

@@ -17,7 +17,7 @@ import sys
 import time
 
 import mlx.core as mx
-from bench_common import machine_info, write_json
+from bench_common import add_run_arguments, machine_info, write_json
 from mlx_lm import sample_utils as mlx_lm_sampling
 
 from tiny_llm.sampler import Sampler, SamplingParams, make_logits_processors, make_sampler
@@ -96,9 +96,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark sampling: tiny-llm vs mlx-lm.")
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--batch", default="1,8,32")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--quick", action="store_true", help="small vocabulary and batch, 2 repeats (a smoke run)")
-    parser.add_argument("--json", default=None, help="write the numbers to this file")
+    add_run_arguments(parser, repeats=7, quick="small vocabulary and batch, 2 repeats (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.vocab, args.batch, args.repeats = 4096, "1,4", 2

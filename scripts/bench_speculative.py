@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from bench_common import machine_info, write_json
+from bench_common import add_run_arguments, machine_info, write_json
 
 from tiny_llm.defaults import NUM_DRAFT_TOKENS
 
@@ -68,9 +68,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Benchmark speculative decoding (prompt lookup).")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=NUM_DRAFT_TOKENS)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="12 tokens, 1 repeat (a smoke run)")
-    parser.add_argument("--json", default=None, help="write the numbers to this file")
+    add_run_arguments(parser, repeats=3, quick="12 tokens, 1 repeat (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_tokens, args.repeats = 12, 1

@@ -82,9 +82,7 @@ class FaultyModel:
     def __init__(self, model, seed: int, rate: float):
         self.model, self.rng, self.rate = model, np.random.default_rng(seed), rate
         self.faults = 0
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
+        self.args, self.layers, self.make_cache = model.args, model.layers, model.make_cache  # the contract
 
     def __call__(self, tokens, cache=None):
         logits = self.model(tokens, cache=cache)

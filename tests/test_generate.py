@@ -16,9 +16,15 @@ from tiny_llm.generate import generate_step, stream_generate
     ([1], -2, r"max_tokens must be in \[-1, inf\), got -2"),
     ([], 4, "prompt must be a non-empty sequence"),
     ("", 4, "prompt must be a non-empty sequence"),
+    ([1, 2.5], 4, r"prompt must hold token ids \(integers from 0 to 2\*\*31 - 1\), got 2.5"),
+    ([3, -1], 4, r"prompt must hold token ids .*, got -1"),
+    ([2**31], 4, r"prompt must hold token ids .*, got 2147483648"),
+    ([True], 4, r"prompt must hold token ids .*, got True"),
+    (mx.array([1.0, 2.0]), 4, "prompt must hold token ids \\(integers\\), got an array of mlx.core.float32"),
 ])
 def test_bad_arguments_are_reported(prompt, max_tokens, match):
-    """max_tokens of 0 or below -1 and empty prompts are refused before the model runs."""
+    """max_tokens of 0 or below -1, empty prompts and prompts of anything but token ids are
+    refused before the model runs."""
     with pytest.raises(ValueError, match=match):
         next(stream_generate(CountingModel(), word_tokenizer(), prompt, max_tokens=max_tokens))
 
@@ -57,3 +63,10 @@ def test_the_context_is_checked_the_same_way_everywhere():
     out = list(tiny_llm.stream_generate(model, tok, prompt, -1, params=params))
     assert [r.generation_tokens for r in out] == [1, 2] and out[-1].finish_reason == "length"
     assert len(list(tiny_llm.stream_generate(model, tok, prompt, 2, params=params))) == 2  # exactly full
+
+
+def test_kv_cache_true_needs_a_model_with_a_cache():
+    """kv_cache=True with a plain function of tokens (no make_cache) and no prompt_cache is
+    refused instead of silently running week 1's loop."""
+    with pytest.raises(ValueError, match=r"kv_cache=True needs a model with make_cache\(\)"):
+        generate_step(mx.array([1, 2]), lambda tokens, cache=None: tokens, kv_cache=True)

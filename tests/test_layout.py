@@ -128,6 +128,7 @@ def test_each_default_of_generation_is_declared_once():
     assert flags["max_tokens"] == defaults.MAX_TOKENS
     assert flags["num_draft_tokens"] == defaults.NUM_DRAFT_TOKENS
     assert flags["max_batch_size"] == defaults.MAX_BATCH_SIZE
+    assert flags["temperature"] == defaults.TEMPERATURE
 
 
 def test_library_and_cli_agree_on_the_public_defaults():
@@ -140,3 +141,24 @@ def test_library_and_cli_agree_on_the_public_defaults():
         assert inspect.signature(fn).parameters[name].default == OWNED[name], (fn.__name__, name)
     assert importlib.import_module("tiny_llm.batch").BatchGenerator.__init__.__kwdefaults__["max_batch_size"] == \
         defaults.MAX_BATCH_SIZE
+
+
+def test_the_cli_wrapper_offers_the_model_contract_as_attributes():
+    """The command line's prefill-progress wrapper passes `isinstance(..., Model)` without
+    `__getattr__`: from Python 3.12 on, a protocol check sees only real attributes."""
+    from tiny_llm.cli import _PrefillProgress
+    from tiny_llm.model import Model
+
+    class Stand:
+        args, layers = object(), [object()]
+
+        def __call__(self, tokens, cache=None):
+            return tokens
+
+        def make_cache(self):
+            return []
+
+    wrapper = _PrefillProgress(Stand(), total=4, live=False, verbose=False)
+    for name in ("args", "layers", "make_cache", "__call__"):
+        inspect.getattr_static(wrapper, name)  # raises AttributeError if only __getattr__ has it
+    assert isinstance(wrapper, Model)

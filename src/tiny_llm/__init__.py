@@ -31,7 +31,6 @@ _EXPORTS = {
     "BatchGenerator": "batch",
     "BatchResponse": "batch",
     "BatchResult": "batch",
-    "beam_search": "beam_search",
     "speculative_generate_step": "speculative",
     "SpeculativeStats": "speculative",
 }
@@ -55,16 +54,19 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`tiny_llm.generate` and `tiny_llm.beam_search` name the functions, although they are
-    also submodules: importing a submodule sets the package's attribute of that name to the
-    module, and these properties keep the public name on the function."""
+    """`tiny_llm.generate` names the function (as `mlx_lm.generate` does), although
+    `generate` is also a submodule: importing a submodule sets the package's attribute of
+    that name to the module, and this property keeps the public name on the function. So
+    `import tiny_llm.generate as g` gives the function too; the module's own names come with
+    `from tiny_llm.generate import ...`. No other public name shares a submodule's name."""
 
+    @property
+    def generate(self):
+        return _export("generate")
 
-def _function_over_module(name: str) -> property:
-    return property(lambda _package: _export(name), lambda _package, _module: None)
+    @generate.setter
+    def generate(self, _module) -> None:
+        pass
 
-
-for _name in ("generate", "beam_search"):
-    setattr(_Package, _name, _function_over_module(_name))
 
 sys.modules[__name__].__class__ = _Package

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PREFILL_STEP_SIZE
+from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
 from .model import Model, check_context, prefill, prompt_array, vocab_size
 from .kv_cache import BatchKVCache
 from .sampler import Sampler, SamplingParams
@@ -127,7 +127,7 @@ class BatchGenerator:
         vocab = vocab_size(self.model)
         if vocab and not all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
-        params = SamplingParams(temperature=0.0) if params is None else params
+        params = SamplingParams(temperature=TEMPERATURE) if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams or None, got {type(params).__name__}")
         if vocab:
@@ -284,7 +284,7 @@ def batch_generate(
     for name, values in (("max_tokens", limits), ("params", plist)):
         if len(values) != n:
             raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
-    gen = BatchGenerator(model, tokenizer, max_batch_size=max_batch_size or n,
+    gen = BatchGenerator(model, tokenizer, max_batch_size=n if max_batch_size is None else max_batch_size,
                          prefill_step_size=prefill_step_size)
     for i, (prompt, limit, p) in enumerate(zip(prompts, limits, plist)):
         try:

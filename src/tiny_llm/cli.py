@@ -10,7 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .defaults import CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
+from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE,
+                       TEMPERATURE)
 from .progress import missing_day
 
 
@@ -36,6 +37,9 @@ class _PrefillProgress:
     def __init__(self, model, total: int, live: bool, verbose: bool):
         self.model, self.total, self.live, self.verbose = model, total, live, verbose
         self.sent, self.start, self.shown = 0, None, None
+        # The model contract (`tiny_llm.model.Model`), offered as real attributes: a protocol
+        # check does not look through __getattr__ (Python 3.12 and later).
+        self.args, self.layers, self.make_cache = model.args, model.layers, model.make_cache
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -112,7 +116,7 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", "-m", type=int, default=MAX_TOKENS,
                         help=f"most tokens to generate (default {MAX_TOKENS}; -1: no limit)")
     for flags, field, kind, text in _SAMPLING_FLAGS:
-        default = 0.0 if field == "temperature" else getattr(defaults, field)
+        default = TEMPERATURE if field == "temperature" else getattr(defaults, field)
         parser.add_argument(*flags, dest=field, type=kind, default=default,
                             help=f"{text} (default {default})")
     parser.add_argument("--dry-sequence-breaker", dest="dry_sequence_breakers", action="append",

@@ -9,6 +9,10 @@ PREFILL_STEP_SIZE = 2048
 # more: Ctrl-C and the progress line act between chunks.
 CPU_PREFILL_STEP_SIZE = 16
 
-NUM_DRAFT_TOKENS = 3  # tokens drafted per round of speculative decoding (mlx-lm's default)
+NUM_DRAFT_TOKENS = 3  # tokens drafted per round of speculative decoding (mlx_lm.generate's flag)
 
 MAX_BATCH_SIZE = 8  # requests that decode together in a BatchGenerator
+
+# Generation without sampling parameters is greedy, as in mlx_lm.generate (a SamplingParams
+# built with no arguments keeps llama.cpp's "off" values, temperature 1).
+TEMPERATURE = 0.0

@@ -80,6 +80,8 @@ def generate_step(
     processors = list(logits_processors or [])
     prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
     cacheable = isinstance(model, CachedModel)
+    if kv_cache and prompt_cache is None and not cacheable:
+        raise ValueError("kv_cache=True needs a model with make_cache() (a CachedModel) or a prompt_cache")
     if kv_cache is None:
         kv_cache = prompt_cache is not None or (cacheable and cached_loop_implemented())
     if prompt_cache is None and kv_cache and cacheable:

@@ -8,6 +8,7 @@ Generation, batching, beam search and speculative decoding import from here, and
 here imports them: the import graph stays a DAG.
 """
 
+import numbers
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +26,15 @@ class ModelConfig(Protocol):
 
 
 @runtime_checkable
+class Configured(Protocol):
+    """A model that states its configuration: requests are checked against its vocabulary
+    and context. (A wrapper must offer `args` as a real attribute or property: from Python
+    3.12 on, `isinstance` against a protocol does not see attributes served by `__getattr__`.)"""
+
+    args: ModelConfig
+
+
+@runtime_checkable
 class CachedModel(Protocol):
     """A model that continues from a cache: `make_cache()` gives one empty cache per layer;
     `model(tokens [B, L], cache=cache)` returns logits `[B, L, V]` and extends the cache."""
@@ -35,17 +45,16 @@ class CachedModel(Protocol):
 
 
 @runtime_checkable
-class Model(CachedModel, Protocol):
-    """Everything the engine uses: a `CachedModel` with its `layers` (batching builds one
-    batch cache per layer) and its configuration `args`."""
+class Model(CachedModel, Configured, Protocol):
+    """Everything the engine uses: a `CachedModel` with its configuration `args` and its
+    `layers` (batching builds one batch cache per layer)."""
 
-    args: ModelConfig
     layers: Sequence[Any]
 
 
 def vocab_size(model: CachedModel) -> int | None:
     """The model's vocabulary size, or None for a stand-in without a configuration."""
-    return model.args.vocab_size if isinstance(model, Model) else None
+    return model.args.vocab_size if isinstance(model, Configured) else None
 
 
 def check_context(model: CachedModel, prompt_tokens: int, max_tokens: int) -> int:
@@ -53,7 +62,7 @@ def check_context(model: CachedModel, prompt_tokens: int, max_tokens: int) -> in
     when the model has one): a prompt of `prompt_tokens` plus `max_tokens` new tokens. Returns
     `max_tokens`, with -1 (no limit) turned into the room the context leaves. The one check
     of generation, beam search, speculative decoding and batching."""
-    context = model.args.max_position_embeddings if isinstance(model, Model) else None
+    context = model.args.max_position_embeddings if isinstance(model, Configured) else None
     if not context:
         return max_tokens
     if prompt_tokens >= context:
@@ -69,10 +78,19 @@ def check_context(model: CachedModel, prompt_tokens: int, max_tokens: int) -> in
 
 def prompt_array(prompt: str | Sequence[int] | mx.array, tokenizer: Tokenizer) -> mx.array:
     """A request's prompt as token ids `[L]`: a string is encoded with `tokenizer`; token
-    ids (a list or an `mx.array [L]`) are taken as they are. An empty prompt is refused."""
+    ids (a list or an `mx.array [L]` of integers) are taken as they are. An empty prompt, or
+    one holding anything but token ids (non-negative integers below 2**31), is refused."""
     if isinstance(prompt, str):
         prompt = tokenizer.encode(prompt)
-    prompt = prompt if isinstance(prompt, mx.array) else mx.array(list(prompt), dtype=mx.int32)
+    if not isinstance(prompt, mx.array):
+        prompt = list(prompt)
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+               or not 0 <= t < 2**31]
+        if bad:
+            raise ValueError(f"prompt must hold token ids (integers from 0 to 2**31 - 1), got {bad[0]!r}")
+        prompt = mx.array(prompt, dtype=mx.int32)
+    elif mx.issubdtype(prompt.dtype, mx.floating) or prompt.dtype == mx.bool_:
+        raise ValueError(f"prompt must hold token ids (integers), got an array of {prompt.dtype}")
     if prompt.ndim != 1 or prompt.size == 0:
         empty = "prompt is empty; " if prompt.size == 0 else ""
         raise ValueError(f"{empty}prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
+from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
 from .model import CachedModel, prefill, vocab_size
 from .sampler import Sampler, SamplingParams, rng
 from .sampler.draw import inverse_cdf
@@ -117,7 +117,7 @@ def speculative_generate_step(
     max_tokens = check_int("max_tokens", max_tokens, minimum=1)
     ngram = check_int("ngram", ngram, minimum=1)
     min_ngram = check_int("min_ngram", min_ngram, minimum=1)
-    params = SamplingParams(temperature=0.0) if params is None else params
+    params = SamplingParams(temperature=TEMPERATURE) if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     if params.mirostat or params.xtc_probability > 0 or params.min_tokens > 0:
@@ -169,7 +169,7 @@ def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams,
     while emitted < max_tokens:
         room = min(gamma, max_tokens - emitted - 1)  # a round emits up to room + 1 tokens
         if draft_model is None:
-            drafts, q = (prompt_lookup(history, room, ngrams[1], ngrams[0]) if room else []), None
+            drafts, q = (prompt_lookup(history, room, ngram=ngrams[1], min_ngram=ngrams[0]) if room else []), None
         else:
             drafts, q = _draft(draft_model, draft_cache, pending, history, count=room,
                                distributions=distributions, uniforms=uniforms, step_size=step_size)

@@ -16,6 +16,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -26,6 +27,10 @@ from .draw import argmax_and_value, draw, scatter_rows
 from .dry import dry_penalties
 from .params import SamplingParams
 from .rows import Row, make_rows
+
+if TYPE_CHECKING:
+    from ..constrain import TokenTable
+    from ..tokenizer import Tokenizer
 
 History = Sequence[Sequence[int]] | None
 
@@ -66,7 +71,8 @@ class Sampler:
     the size (until `reset()`), and each batch row gets its own seed (the given one, or
     fresh ones)."""
 
-    def __init__(self, params: SamplingParams | Sequence[SamplingParams], tokenizer=None):
+    def __init__(self, params: SamplingParams | Sequence[SamplingParams],
+                 tokenizer: "Tokenizer | TokenTable | None" = None):
         if isinstance(params, SamplingParams):
             rows = make_rows([params], tokenizer)
             self._setup(rows, template=rows[0])
@@ -160,6 +166,7 @@ class Sampler:
     def concat(samplers: Sequence["Sampler"]) -> "Sampler":
         """One sampler whose rows are the rows of `samplers`, one after another, each going
         on where it was (for rows that join a batch)."""
+        samplers = list(samplers)
         if not samplers:
             raise ValueError("concat needs at least one Sampler")
         if any(s._template for s in samplers):
@@ -303,7 +310,7 @@ class Sampler:
                 final = self._constrain(x, hist, self._final(x, hist, rows), rows)
             tokens, tops = mx.zeros((B,), dtype=mx.int32), mx.max(final, axis=-1)
         else:
-            tokens, tops, updates = self._draw_groups(x, hist, rows, u, exact=keep_final)
+            tokens, tops, updates = self._draw_groups(x, hist, rows, u=u, exact=keep_final)
         mx.eval(tokens, tops)
         for row, value in enumerate(tops.tolist()):
             if not math.isfinite(value):
@@ -314,10 +321,11 @@ class Sampler:
         if grammar:
             tokens = self._grammar_draw(x, hist, rows, tokens=tokens, final=final, u=u)
         for update in updates:  # state changes only once the draw is valid
-            _update_mu(*update)
+            _update_mu(update)
         return tokens, final
 
-    def _draw_groups(self, x, hist, rows, u, exact: bool) -> tuple[mx.array, mx.array, list]:
+    def _draw_groups(self, x: mx.array, hist: list[list[int]], rows: list[Row], *, u: mx.array,
+                     exact: bool) -> tuple[mx.array, mx.array, list["MirostatStep"]]:
         """Draw each group by its path. Returns the tokens `[B]`, each row's largest final
         logit `[B]` (not finite: the row cannot be sampled) and mirostat's pending updates.
         `exact`: the chain runs in full (its final logits are reported)."""
@@ -334,17 +342,18 @@ class Sampler:
             rg = rows if whole else [rows[b] for b in members]
             ug = u if whole else u[idx]
             if not exact and key[0] != "mirostat" and fast.eligible([r.params for r in rg], key):
-                t, top = self._draw_fast(xg, hg, rg, key, ug)
+                t, top = self._draw_fast(xg, hg, rg, key=key, u=ug)
             else:
                 fg = self._chain(xg, hg, rg, key)
                 t, top = draw(fg, ug)
                 if key[0] == "mirostat":
-                    updates.append((fg, t, rg))
+                    updates.append(MirostatStep(fg, t, rg))
             tokens = t if whole else scatter_rows(tokens, idx, t)
             tops = top if whole else scatter_rows(tops, idx, top)
         return tokens, tops, updates
 
-    def _draw_fast(self, x, hist, rows, key, u) -> tuple[mx.array, mx.array]:
+    def _draw_fast(self, x: mx.array, hist: list[list[int]], rows: list[Row], *, key: tuple[str, ...],
+                   u: mx.array) -> tuple[mx.array, mx.array]:
         """A group of the fast stages (penalties, top-k, top-p, min-p, temperature): greedy,
         one pass over every token, or the window, with the chain for rows the window cannot
         answer exactly. Logit bias and min_tokens are in `x` already."""
@@ -415,7 +424,7 @@ class Sampler:
 
 
 def token_distribution(logits: mx.array, params: SamplingParams | Sequence[SamplingParams],
-                       history: History = None, tokenizer=None) -> mx.array:
+                       history: History = None, tokenizer: "Tokenizer | TokenTable | None" = None) -> mx.array:
     """The distribution a fresh `Sampler(params)` would draw the next token from."""
     return Sampler(params, tokenizer).distribution(logits, history)
 
@@ -527,8 +536,17 @@ def _stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str,
     return x
 
 
-def _update_mu(final: mx.array, tokens: mx.array, rows: list[Row]) -> None:
+class MirostatStep(NamedTuple):
+    """A mirostat group's draw, kept until every row's draw is known to be valid."""
+
+    final: mx.array  # [G, V]: the logits the tokens were drawn from
+    tokens: mx.array  # [G]
+    rows: list[Row]
+
+
+def _update_mu(step: MirostatStep) -> None:
     """Mirostat: mu -= eta * (surprise of the drawn token - tau)."""
+    final, tokens, rows = step
     e = stages.exp(final - mx.max(final, axis=-1, keepdims=True))
     p = mx.take_along_axis(e, tokens[:, None], axis=-1)[:, 0] / mx.sum(e, axis=-1)
     mu = mx.array([r.mu for r in rows], dtype=mx.float32)

@@ -9,10 +9,14 @@ import copy
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..constrain import TokenMatcher, TokenTable
 from . import fast
 from .params import SamplingParams
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
 
 
 @dataclass
@@ -35,13 +39,17 @@ class Row:
     penalised: bool = field(init=False)  # whether the penalties stage is on
 
     def __post_init__(self):
-        self.mu = 2.0 * self.params.mirostat_tau
+        self.mu = self.first_mu()
         self.kind = _kind(self.params)
         self.penalised = "penalties" in self.params.enabled_stages()
 
+    def first_mu(self) -> float:
+        """Mirostat's estimate before the first draw: twice the target surprise."""
+        return 2.0 * self.params.mirostat_tau
+
     def restart(self) -> None:
         """Back to the first draw: counter 0, mirostat's first estimate, the grammar's start."""
-        self.counter, self.mu, self.grammar_state = 0, 2.0 * self.params.mirostat_tau, None
+        self.counter, self.mu, self.grammar_state = 0, self.first_mu(), None
 
     def fork(self, seed: int | None = None) -> "Row":
         """A copy that goes on independently (with another `seed`, if given)."""
@@ -55,7 +63,7 @@ class Row:
         return self.matcher.start if self.grammar_state is None else self.grammar_state
 
 
-def make_rows(params: Sequence[SamplingParams], tokenizer) -> list[Row]:
+def make_rows(params: Sequence[SamplingParams], tokenizer: "Tokenizer | TokenTable | None") -> list[Row]:
     """One fresh `Row` per `SamplingParams`. An unseeded row draws a seed once: its stream is
     new but self-consistent. `tokenizer` (a `Tokenizer` or a `TokenTable`) encodes string
     DRY breakers and gives grammars their vocabulary."""
