@@ -37,7 +37,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from .defaults import PREFILL_STEP_SIZE
-from .model import CachedModel, check_context, prefill, prompt_array
+from .model import Cache, CachedModel, check_context, prefill, prompt_array
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
@@ -194,7 +194,7 @@ def _advance(candidates: list[tuple[float, int, int]], beams: list[_Beam], num_b
     return running
 
 
-def _reorder(cache: list, parents: mx.array) -> None:
+def _reorder(cache: list[Cache], parents: mx.array) -> None:
     """Give row `i` of every layer's cache the keys and values of row `parents[i]` (`[B]`),
     along axis 0 of `[B, H, S, D]`. After the prefill there is one row and every parent is
     0: the beams start as copies of the prompt's cache. `offset` is the same for all rows

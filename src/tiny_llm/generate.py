@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
-from .model import CachedModel, check_context, prefill, prompt_array
+from .model import Cache, CachedModel, check_context, prefill, prompt_array
 from .progress import implemented
 from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
@@ -57,7 +57,7 @@ def generate_step(
     max_tokens: int = MAX_TOKENS,
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
-    prompt_cache: list | None = None,
+    prompt_cache: list[Cache] | None = None,
     prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
 ) -> Generator[tuple[int, mx.array], None, None]:
@@ -176,7 +176,7 @@ def stream_generate(
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
-    prompt_cache: list | None = None,
+    prompt_cache: list[Cache] | None = None,
     prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
     draft_model: CachedModel | None = None,
@@ -297,7 +297,7 @@ def generate(
     sampler: SamplerFunction | None = None,
     logits_processors: Sequence[LogitsProcessor] | None = None,
     params: SamplingParams | Sampler | None = None,
-    prompt_cache: list | None = None,
+    prompt_cache: list[Cache] | None = None,
     prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
     draft_model: CachedModel | None = None,

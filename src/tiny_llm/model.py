@@ -34,14 +34,30 @@ class Configured(Protocol):
     args: ModelConfig
 
 
+class Cache(Protocol):
+    """One layer's key/value cache, as the engine uses it (`KVCache`, `BatchKVCache`):
+    `offset` positions are stored in `keys`/`values [B, H, S, D]`; `trim(n)` forgets the
+    last n (speculative decoding's rewind)."""
+
+    offset: int
+    keys: mx.array
+    values: mx.array
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]: ...
+
+    def make_mask(self, L: int, dtype: mx.Dtype = mx.float32) -> mx.array | None: ...
+
+    def trim(self, n: int) -> int: ...
+
+
 @runtime_checkable
 class CachedModel(Protocol):
-    """A model that continues from a cache: `make_cache()` gives one empty cache per layer;
-    `model(tokens [B, L], cache=cache)` returns logits `[B, L, V]` and extends the cache."""
+    """A model that continues from a cache: `make_cache()` gives one empty `Cache` per
+    layer; `model(tokens [B, L], cache=cache)` returns logits `[B, L, V]` and extends it."""
 
-    def __call__(self, tokens: mx.array, cache: list[Any] | None = None) -> mx.array: ...
+    def __call__(self, tokens: mx.array, cache: list[Cache] | None = None) -> mx.array: ...
 
-    def make_cache(self) -> list[Any]: ...
+    def make_cache(self) -> list[Cache]: ...
 
 
 @runtime_checkable
@@ -97,7 +113,7 @@ def prompt_array(prompt: str | Sequence[int] | mx.array, tokenizer: Tokenizer) -
     return prompt
 
 
-def prefill(model: CachedModel, tokens: mx.array, cache: list, step_size: int = PREFILL_STEP_SIZE) -> mx.array:
+def prefill(model: CachedModel, tokens: mx.array, cache: list[Cache], step_size: int = PREFILL_STEP_SIZE) -> mx.array:
     """Run `tokens [B, L]` into `cache` in chunks of at most `step_size` positions, and
     return the logits of the last position, `[B, V]`. Chunks bound the memory of the
     attention scores (`L x S` per head) and of the activations. Only the cache of the

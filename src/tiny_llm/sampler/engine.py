@@ -447,9 +447,9 @@ def _histories(history: History, B: int) -> list[list[int]] | None:
     return hist if len(hist) == B else None
 
 
-def _col(rows: list[Row], name: str, dtype=mx.float32) -> mx.array:
+def _col(rows: list[Row], name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
     """`[G, 1]`: parameter `name` of every row."""
-    return mx.array([getattr(r.params, name) for r in rows], dtype=dtype)[:, None]
+    return fast.column([r.params for r in rows], name, dtype)
 
 
 def _uniforms(rows: list[Row], stream: int) -> mx.array:

@@ -34,6 +34,11 @@ def eligible(params: list[SamplingParams], order: tuple[str, ...]) -> bool:
     return "penalties" not in used or used[0] == "penalties"
 
 
+def column(params: list[SamplingParams], name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
+    """`[G, 1]`: parameter `name` of every row, the shape a stage takes its parameters in."""
+    return mx.array([getattr(p, name) for p in params], dtype=dtype)[:, None]
+
+
 def window_size(params: list[SamplingParams], V: int) -> int:
     return min(V, max([WINDOW] + [p.top_k for p in params if p.top_k > 0]))
 
@@ -61,10 +66,9 @@ def sparse_penalties(y: mx.array, hist: list[list[int]], params: list[SamplingPa
             idx[g], cnt[g] = u[0], c[0]
             idx[g, : len(u)], cnt[g, : len(u)] = u, c
     idx, cnt = mx.array(idx), mx.array(cnt)
-    col = lambda name: mx.array([getattr(p, name) for p in params], dtype=mx.float32)[:, None]  # noqa: E731
     picked = mx.take_along_axis(y, idx, axis=-1)
-    new = stages.penalties(picked, cnt, col("repetition_penalty"), col("frequency_penalty"),
-                           col("presence_penalty"))
+    new = stages.penalties(picked, cnt, column(params, "repetition_penalty"), column(params, "frequency_penalty"),
+                           column(params, "presence_penalty"))
     return mx.put_along_axis(y, idx, new, axis=-1)
 
 
@@ -101,7 +105,10 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
     true the token must be recomputed by the full path; `top` is each row's largest final
     logit (not finite: the row cannot be sampled)."""
     G, V = y.shape
-    col = lambda name, dtype=mx.float32: mx.array([getattr(p, name) for p in params], dtype=dtype)[:, None]  # noqa: E731
+
+    def col(name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
+        return column(params, name, dtype)
+
     W = window_size(params, V)
     has_tail = W < V
     idx = top_window(y, W) if has_tail else mx.broadcast_to(mx.arange(V), (G, V))
