@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-before-after clean
+.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,10 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --max-tokens $(MAX_TOKENS) --verbose
 
-# Two processes share the tests (pytest-xdist); the 15 slowest are listed at the end.
+# Two processes share the tests (pytest-xdist); the tests of one live server run in one of
+# them (--dist loadgroup). The 15 slowest are listed at the end.
 test: setup
-	$(PY) -m pytest -q -n 2 --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # BEGIN INSTRUCTOR ONLY
 .PHONY: check-course walkthrough
@@ -51,6 +52,10 @@ bench-speculative: setup
 
 bench-constrained: setup
 	$(PY) scripts/bench_constrained.py $(if $(QUICK),--quick,)
+
+# Serving over HTTP: tiny-llm serve against mlx_lm.server, side by side (QUICK=1: smoke run).
+bench-serve: setup
+	$(PY) scripts/bench_serve.py $(if $(QUICK),--quick,)
 
 # Sampling and decoding of the working tree against an earlier commit, interleaved in one
 # process (BEFORE=rev; for changes that should not alter speed).

@@ -170,3 +170,47 @@ def test_cancel_takes_a_request_out_of_the_queue_or_the_batch():
     assert sorted(reasons) == [1, 2]
     for uid in (1, 2):
         assert tokens.get(uid, []) == generate_alone(model, tok, prompts[uid], 8, params[uid])
+
+
+def test_requests_with_one_prompt_share_its_prefill():
+    """Three requests of one prompt and one of another, joining together: two prompts are
+    prefilled, and every request gives its solo tokens."""
+    model, _ = tiny_model("llama-tied", seed=41)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    prompts = [[5, 17, 3, 8], [5, 17, 3, 8], [9, 2], [5, 17, 3, 8]]
+    params = [SamplingParams(temperature=0.9, seed=i) for i in range(4)]
+    gen = BatchGenerator(model, tok)
+    for p, sp in zip(prompts, params):
+        gen.insert(p, 6, sp)
+    tokens, _, _ = run_generator(gen, None)
+    assert gen.stats.prompt_tokens == 4 + 2
+    for uid in range(4):
+        assert tokens[uid] == generate_alone(model, tok, prompts[uid], 6, params[uid])
+    assert len({tuple(tokens[u]) for u in (0, 1, 3)}) == 3  # one prefill, three seeds
+
+
+def test_logprobs_are_the_models_log_softmax_for_the_drawn_tokens():
+    """logprobs=True: each token's log-probability and the top `params.logprobs` equal
+    log-softmax of the model's logits over prompt + reply (teacher forcing); rows that did
+    not ask carry none."""
+    model, _ = tiny_model("qwen2-untied", seed=42)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    gen = BatchGenerator(model, tok)
+    prompt = [7, 3, 99, 12]
+    asked = gen.insert(prompt, 5, SamplingParams(temperature=1.0, seed=3, logprobs=3), logprobs=True)
+    other = gen.insert([1, 2], 5, SamplingParams(temperature=1.0, seed=4))
+    seen = {asked: [], other: []}
+    while gen.has_work():
+        for r in gen.step():
+            seen[r.uid].append(r)
+    assert all(r.logprobs is None for r in seen[other])
+    tokens = [r.token for r in seen[asked] if r.finish_reason != "stop"]
+    logits = model(mx.array([prompt + tokens[:-1]]))[0, len(prompt) - 1:].astype(mx.float32)
+    expected = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    for i, (token, r) in enumerate(zip(tokens, seen[asked])):
+        assert r.logprobs.logprob == pytest.approx(expected[i, token], abs=1e-5)
+        best = np.argsort(-expected[i], kind="stable")[:3]
+        assert [t for t, _ in r.logprobs.top] == best.tolist()
+        assert [v for _, v in r.logprobs.top] == pytest.approx(expected[i, best].tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="logprobs must be True or False"):
+        gen.insert([1], 2, logprobs=1)

@@ -483,3 +483,30 @@ def test_a_long_prefill_shows_progress_and_stops_on_ctrl_c():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    (["--port", "70000"], ["--port", "0 to 65535", "70000"]),
+    (["--max-batch-size", "0"], ["--max-batch-size", ">= 1"]),
+    (["--max-queue", "-1"], ["--max-queue", ">= 1"]),
+    (["--max-prompt-tokens", "0"], ["--max-prompt-tokens", ">= 1"]),
+    (["--api-key", " "], ["--api-key is empty"]),
+    (["--host", "256.1.1.1"], ["cannot listen on 256.1.1.1"]),
+])
+def test_serve_user_errors(extra, fragments, capsys):
+    """Checked before the model loads (the model named here does not exist)."""
+    assert run_main(["serve", *NO_MODEL, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(f in err for f in fragments), err
+
+
+def test_serve_refuses_a_port_in_use(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_main(["serve", *NO_MODEL, "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err, err

@@ -55,21 +55,6 @@ def test_twenty_json_schema_generations_parse_and_validate(random_model):
     assert alone == result.texts[3]
 
 
-def test_default_model_json_schema_samples_validate(default_model):
-    """The real model's own samples under the schema: two seeded rows, each stops, validates
-    and differs from the other (the command-line test below checks its greedy answer)."""
-    model, tokenizer = default_model
-    grammar = Grammar.from_json_schema(PERSON)
-    prompt = tokenizer.apply_chat_template([{"role": "system", "content": "Answer in JSON."},
-                                            {"role": "user", "content": "Describe a person."}])
-    params = [SamplingParams(temperature=0.8, top_p=0.95, seed=seed, grammar=grammar) for seed in range(2)]
-    result = batch_generate(model, tokenizer, [prompt] * len(params), 160, params=params)
-    for text, finish in zip(result.texts, result.finish_reasons):
-        assert finish == "stop", text
-        jsonschema.validate(json.loads(text), PERSON)
-    assert result.texts[0] != result.texts[1]
-
-
 def test_regex_generations_match_in_full_in_a_batch(default_model, random_model):
     """Six random-weight rows and one of the real model's: every text is a whole match."""
     grammar = Grammar.from_regex(PHONE)

@@ -18,7 +18,7 @@ fixed list of prompts to the end.
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -44,6 +44,17 @@ class BatchResponse:
     generation_tokens: int
     finish_reason: str | None
     error: str | None = None
+    logprobs: "TokenLogprobs | None" = None  # for requests inserted with logprobs=True
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """The drawn token's log-probability under the model (log-softmax of its logits, before
+    any sampling stage), and the `top` most likely tokens as (token, log-probability), most
+    likely first; `top` holds the request's `SamplingParams.logprobs` entries."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 @dataclass
@@ -85,6 +96,7 @@ class _Request:
     detokenizer: StreamingDetokenizer
     history: list[int] = field(default_factory=list)  # prompt and generated tokens
     generated: int = 0
+    logprobs: bool = False  # report each token's TokenLogprobs
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[mx.array, list[int]]:
@@ -96,6 +108,14 @@ def left_pad(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[mx.array, 
     rows = [[pad] * n + list(p) for n, p in zip(padding, prompts)]
     return mx.array(rows, dtype=mx.int32), padding
     # END SOLUTION
+
+
+def distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """The different prompts, in order of first appearance, and for each prompt the index
+    of its copy among them."""
+    first: dict[tuple[int, ...], int] = {}
+    copies = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    return [list(p) for p in first], copies
 
 
 class BatchGenerator:
@@ -117,11 +137,14 @@ class BatchGenerator:
         self._sampler: Sampler | None = None
         self._logits: mx.array | None = None  # [rows, V]: each running row's next-token logits
         self._next_uid = 0
+        self._drawn: list[TokenLogprobs | None] = []  # the last draw's log-probabilities, per row
 
     def insert(self, prompt: str | Sequence[int], max_tokens: int = MAX_TOKENS,
-               params: SamplingParams | None = None) -> int:
+               params: SamplingParams | None = None, *, logprobs: bool = False) -> int:
         """Queue one request and return its uid. Bad input raises `ValueError` here, before
-        anything changes, so the requests already queued or running are not affected."""
+        anything changes, so the requests already queued or running are not affected.
+        `logprobs=True`: each response carries the token's `TokenLogprobs`. Requests with the
+        same prompt that join the batch together share one prefill."""
         prompt = prompt_array(prompt, self.tokenizer).tolist()
         max_tokens = check_context(self.model, len(prompt), check_int("max_tokens", max_tokens, minimum=1))
         vocab = vocab_size(self.model)
@@ -133,9 +156,12 @@ class BatchGenerator:
         if vocab:
             params.check_vocabulary(vocab)
         sampler = Sampler([params], self.tokenizer)  # may still refuse the params
+        if not isinstance(logprobs, bool):
+            raise ValueError(f"logprobs must be True or False, got {logprobs!r}")
         uid, self._next_uid = self._next_uid, self._next_uid + 1
         self._waiting.append(_Request(
             uid, prompt, max_tokens, sampler, StreamingDetokenizer(self.tokenizer), history=list(prompt),
+            logprobs=logprobs,
         ))
         return uid
 
@@ -163,7 +189,7 @@ class BatchGenerator:
         failed = []
         while True:
             try:
-                responses = failed + self._decode()
+                responses = failed + self._with_logprobs(self._decode())
                 break
             except RowError as e:  # nothing has changed yet: the row leaves, the others go on
                 r = self._rows[e.row]
@@ -191,6 +217,28 @@ class BatchGenerator:
                 return True
         return False
 
+    def _sample(self) -> mx.array:
+        """One token per running row, `[B]`. Keeps, for `_with_logprobs`, the log-probabilities
+        of the rows that asked for them."""
+        history = [r.history for r in self._rows]
+        self._drawn = []
+        if not any(r.logprobs for r in self._rows):
+            return self._sampler.sample(self._logits, history)
+        result = self._sampler.sample_with_logprobs(self._logits, history)
+        columns = zip(self._rows, result.raw_logprob.tolist(), result.raw_top_tokens.tolist(),
+                      result.raw_top_logprobs.tolist())
+        for r, logprob, tops, top_logprobs in columns:
+            n = r.sampler.params[0].logprobs
+            self._drawn.append(TokenLogprobs(logprob, tuple(zip(tops[:n], top_logprobs[:n]))) if r.logprobs else None)
+        return result.tokens
+
+    def _with_logprobs(self, responses: list[BatchResponse]) -> list[BatchResponse]:
+        """`responses` (one per row sampled, in row order) with their rows' log-probabilities."""
+        drawn, self._drawn = self._drawn, []
+        if not drawn:
+            return responses
+        return [r if lp is None else replace(r, logprobs=lp) for r, lp in zip(responses, drawn)]
+
     def _remove(self, b: int) -> None:
         """Drop running row `b`: its cache rows, sampler row and next-token logits."""
         keep = [k for k in range(len(self._rows)) if k != b]
@@ -210,16 +258,21 @@ class BatchGenerator:
         start = time.perf_counter()
         free = self.max_batch_size - len(self._rows)
         new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        tokens, padding = left_pad([r.prompt for r in new])
+        prompts, copies = distinct([r.prompt for r in new])  # equal prompts are prefilled once
+        tokens, padding = left_pad(prompts)
         cache = [BatchKVCache(padding) for _ in self.model.layers]
         logits = prefill(self.model, tokens, cache, self.prefill_step_size)
+        if len(prompts) < len(new):
+            for c in cache:
+                c.filter(copies)
+            logits = logits[mx.array(copies)]
         mx.eval(logits)
         sampler = Sampler.concat([r.sampler for r in new])
         if self._rows:
             self._join(new, cache, sampler, logits)
         else:
             self._rows, self._cache, self._sampler, self._logits = new, cache, sampler, logits
-        self.stats.prompt_tokens += sum(len(r.prompt) for r in new)
+        self.stats.prompt_tokens += sum(len(p) for p in prompts)  # the tokens prefilled
         self.stats.prompt_time += time.perf_counter() - start
         # END SOLUTION
 
@@ -238,7 +291,7 @@ class BatchGenerator:
         """Sample every running row, report, drop the rows that finished, and start the
         model on the remaining rows' new tokens."""
         # BEGIN SOLUTION week2-day4
-        tokens = self._sampler.sample(self._logits, [r.history for r in self._rows])
+        tokens = self._sample()
         responses, keep = [], []
         for b, (r, token) in enumerate(zip(self._rows, tokens.tolist())):
             r.generated += 1

@@ -1,4 +1,4 @@
-"""Engine — the `tiny-llm` command line: `generate`, `chat`, `batch` and `smoke`."""
+"""Engine — the `tiny-llm` command line: `generate`, `chat`, `batch`, `serve` and `smoke`."""
 
 import argparse
 import dataclasses
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE,
-                       TEMPERATURE)
+from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_QUEUE, MAX_TOKENS, NUM_DRAFT_TOKENS,
+                       PREFILL_STEP_SIZE, TEMPERATURE)
 from .progress import missing_day
 
 
@@ -632,6 +632,39 @@ def _smoke(args: argparse.Namespace) -> None:
         print(f"  {mx.exp(logprobs[token]).item():7.2%}  {token:6d}  {tokenizer.decode([token])!r}")
 
 
+def _serve(args: argparse.Namespace) -> None:
+    import socket
+
+    for flag, value, low in (("--port", args.port, 0), ("--max-batch-size", args.max_batch_size, 1),
+                             ("--max-queue", args.max_queue, 1), ("--max-prompt-tokens", args.max_prompt_tokens, 1)):
+        if value is not None and (value < low or (flag == "--port" and value > 65535)):
+            raise UserError(f"{flag} must be {'a port number from 0 to 65535' if flag == '--port' else f'an integer >= {low}'}"
+                            f", got {value}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UserError("--api-key is empty")
+    try:  # a clear message now rather than uvicorn's log line after the model has loaded
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+    except OSError as e:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    import uvicorn
+
+    from .serve import build, create_app
+
+    model, tokenizer = _load(args)
+    name = args.served_model_name or (args.model if args.model == "default" else Path(args.model).name or args.model)
+    server = build(model, tokenizer, model_ids=tuple(dict.fromkeys([name, args.model])),
+                   max_batch_size=args.max_batch_size, max_queue=args.max_queue,
+                   prefill_step_size=_prefill_step(args), api_key=args.api_key,
+                   max_prompt_tokens=args.max_prompt_tokens)
+    print(f"tiny-llm serve: {name} on http://{args.host}:{args.port} (chat page at /, API at /v1; "
+          f"up to {args.max_batch_size} requests decode together); Ctrl-C stops", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level="warning",
+                                  timeout_graceful_shutdown=5)).run()
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit status 2, no usage dump
         print(f"tiny-llm: error: {message}", file=sys.stderr)
@@ -673,6 +706,30 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(batch)
     _add_sampling_options(batch)
     batch.set_defaults(run=_batch)
+
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    serve.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE,
+                       help=f"most requests decoding together; the others wait (default {MAX_BATCH_SIZE})")
+    serve.add_argument("--max-queue", type=int, default=MAX_QUEUE,
+                       help=f"most requests waiting for a row; beyond it the server answers 503 (default {MAX_QUEUE})")
+    serve.add_argument("--api-key", default=None, metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' on the API (default: no key)")
+    serve.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                       help="refuse prompts longer than N tokens (default: the model's context)")
+    serve.add_argument("--served-model-name", default=None, metavar="NAME",
+                       help="the model name clients send and /v1/models lists (default: 'default' or the "
+                            "model directory's name)")
+    serve.add_argument("--model", default="default",
+                       help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
+    serve.add_argument("--no-fused", action="store_true",
+                       help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
+    serve.add_argument("--prefill-step-size", type=int, default=None,
+                       help=f"prefill prompts in chunks of this many tokens (default {PREFILL_STEP_SIZE} on a GPU, "
+                            f"{CPU_PREFILL_STEP_SIZE} on the CPU)")
+    serve.set_defaults(run=_serve)
 
     smoke = commands.add_parser("smoke", help="run the model once and show the next-token distribution")
     smoke.add_argument("--prompt", required=True, help="the prompt text")

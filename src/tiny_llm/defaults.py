@@ -16,3 +16,5 @@ MAX_BATCH_SIZE = 8  # requests that decode together in a BatchGenerator
 # Generation without sampling parameters is greedy, as in mlx_lm.generate (a SamplingParams
 # built with no arguments keeps llama.cpp's "off" values, temperature 1).
 TEMPERATURE = 0.0
+
+MAX_QUEUE = 64  # requests `tiny-llm serve` keeps waiting for a row before it answers 503

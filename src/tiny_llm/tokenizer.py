@@ -4,6 +4,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import jinja2.meta
 import jinja2.sandbox
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -57,9 +58,11 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping], add_generation_prompt: bool = True, *,
+        tools: Sequence[Mapping] | None = None,
     ) -> str:
-        """Render `messages` ([{"role": ..., "content": ...}]) with the model's template."""
+        """Render `messages` ([{"role": ..., "content": ...}]) with the model's template;
+        `tools` (OpenAI function definitions) reach templates that read a `tools` variable."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -70,7 +73,16 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **({"tools": list(tools)} if tools else {}),
         )
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders tool definitions (it reads a `tools` variable)."""
+        if not self.chat_template:
+            return False
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
 
     def save(self, directory: Path) -> None:
         """Write `tokenizer.json` and `tokenizer_config.json` (readable by `transformers`)."""

@@ -1,0 +1,29 @@
+"""Engine — `tiny-llm serve`: an OpenAI-compatible HTTP server on the continuous-batching engine.
+
+    tiny-llm serve --model default --port 8080
+    curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+         -d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 32}'
+
+`protocol` checks requests, `engine` runs the one engine thread, `app` is the HTTP layer
+(Starlette on uvicorn), `text` finds stop strings and tool calls, `tools` puts tools in the
+prompt and forces calls with a grammar, `metrics` counts for Prometheus.
+"""
+
+from .app import Server, create_app
+from .engine import Engine
+from .metrics import Metrics
+from .protocol import Context
+
+
+def build(model, tokenizer, *, model_ids: tuple[str, ...], max_batch_size: int, max_queue: int,
+          prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None) -> Server:
+    """A `Server` for a loaded model: its engine thread (not started yet) and settings."""
+    metrics = Metrics()
+    engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_queue=max_queue,
+                    prefill_step_size=prefill_step_size, metrics=metrics)
+    ctx = Context(tokenizer, model_ids, model.args.max_position_embeddings or None, model.args.vocab_size,
+                  max_prompt_tokens)
+    return Server(engine, ctx, api_key=api_key)
+
+
+__all__ = ["Context", "Engine", "Metrics", "Server", "build", "create_app"]

@@ -1,0 +1,238 @@
+"""Engine — the server's engine thread: the one place that runs the model.
+
+HTTP handlers never touch MLX. They `submit` a checked `Job` and read `Event`s from the
+job's `Handle`; the engine thread inserts jobs into its `BatchGenerator` between decode
+steps, runs the steps, finds stop strings and tool calls in each choice's text, and hands
+every piece to the handler's event loop. A cancelled job (its client went away) leaves the
+batch before the next step.
+"""
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..batch import BatchGenerator, TokenLogprobs
+from ..constrain import TokenTable
+from ..model import Model
+from ..tokenizer import Tokenizer
+from .metrics import Metrics
+from .protocol import Job, RequestError
+from .text import StopStrings, ToolCall, ToolCallText
+
+
+class QueueFull(Exception):
+    """More jobs are waiting for a batch row than the server queues."""
+
+
+@dataclass
+class Event:
+    """A piece of one choice: new text, the token it came from (with its log-probabilities
+    when asked for), completed tool calls, and at the end why it finished and how many
+    tokens it drew."""
+
+    index: int
+    text: str = ""
+    token: int | None = None
+    logprobs: TokenLogprobs | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length", "tool_calls" or "error"
+    error: str | None = None
+    tokens: int = 0  # tokens drawn by this choice so far (the end-of-sequence token included)
+
+
+class Handle:
+    """One job's link from the engine thread to its handler: a queue on the handler's event
+    loop. Its first item is "accepted" or a `RequestError`; then `Event`s."""
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
+        self.job, self.loop = job, loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.submitted = time.perf_counter()
+        self.uids: list[int] = []
+        self.waiting = True  # counts against the queue until its first token
+        self.cancelled = False
+
+    def put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the handler's loop has closed: nobody is listening
+            pass
+
+
+@dataclass
+class _Choice:
+    handle: Handle
+    index: int
+    stops: StopStrings
+    tools: ToolCallText | None
+    last: float | None = None  # when its last token came
+
+
+class Engine:
+    """Owns the model and a `BatchGenerator` on a thread of its own. `submit` and `cancel`
+    may be called from any thread."""
+
+    def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_queue: int,
+                 prefill_step_size: int, metrics: Metrics):
+        self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+        self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
+        self.gen = self._generator()
+        self.table = TokenTable.from_tokenizer(tokenizer)  # built once, before any grammar needs it
+        self.queued = 0  # jobs waiting for their first token
+        self._lock = threading.Lock()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._choices: dict[int, _Choice] = {}
+        self._thread = threading.Thread(target=self._run, name="tiny-llm-engine", daemon=True)
+
+    def _generator(self) -> BatchGenerator:
+        return BatchGenerator(self.model, self.tokenizer, max_batch_size=self.max_batch_size,
+                              prefill_step_size=self.prefill_step_size)
+
+    # ---- any thread --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._command("stop", None)
+        self._thread.join(timeout)
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Handle:
+        """Queue `job`; raises `QueueFull` when `max_queue` jobs already wait."""
+        with self._lock:
+            if self.queued >= self.max_queue:
+                raise QueueFull(f"{self.queued} requests are waiting, the most this server queues "
+                                f"(--max-queue {self.max_queue})")
+            self.queued += 1
+        self.metrics.queue.set(self.queued)
+        handle = Handle(job, loop)
+        self._command("submit", handle)
+        return handle
+
+    def cancel(self, handle: Handle) -> None:
+        """Take the job out of the queue or the batch (its client went away)."""
+        self._command("cancel", handle)
+
+    def _command(self, name: str, handle: Handle | None) -> None:
+        self._commands.put((name, handle))
+        self._wake.set()
+
+    # ---- the engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            while True:
+                try:
+                    name, handle = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if name == "stop":
+                    self._fail_all("the server is shutting down")
+                    return
+                (self._insert if name == "submit" else self._cancel)(handle)
+            if not self.gen.has_work():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            prefilled = self.gen.stats.prompt_tokens
+            try:
+                responses = self.gen.step()
+            except Exception as e:  # the model failed: every job in the batch fails with it
+                self._fail_all(f"generation failed: {type(e).__name__}: {e}")
+                self.gen = self._generator()
+                continue
+            self.metrics.prefill_tokens.inc(self.gen.stats.prompt_tokens - prefilled)
+            now = time.perf_counter()
+            for response in responses:
+                self._respond(response, now)
+            self.metrics.running.set(len(self.gen.running))
+
+    def _insert(self, handle: Handle) -> None:
+        job = handle.job
+        try:
+            for params in job.params:
+                handle.uids.append(self.gen.insert(job.prompt, job.max_tokens, params,
+                                                   logprobs=job.logprobs is not None))
+        except ValueError as e:  # a check only the engine can make; nothing of the job runs
+            for uid in handle.uids:
+                self.gen.cancel(uid)
+            self._leave_queue(handle)
+            handle.put(RequestError(str(e)))
+            return
+        for index, uid in enumerate(handle.uids):
+            self._choices[uid] = _Choice(handle, index, StopStrings(job.stop), ToolCallText() if job.tools else None)
+        self.metrics.prompt_tokens.inc(len(job.prompt))
+        handle.put("accepted")
+
+    def _cancel(self, handle: Handle) -> None:
+        handle.cancelled = True
+        for uid in handle.uids:
+            if self._choices.pop(uid, None) is not None:
+                self.gen.cancel(uid)
+        self._leave_queue(handle)
+        self.metrics.cancelled.inc()
+        self.metrics.running.set(len(self.gen.running))
+
+    def _leave_queue(self, handle: Handle) -> None:
+        if handle.waiting:
+            handle.waiting = False
+            with self._lock:
+                self.queued -= 1
+            self.metrics.queue.set(self.queued)
+
+    def _fail_all(self, message: str) -> None:
+        for uid, choice in list(self._choices.items()):
+            self.gen.cancel(uid)
+            self._leave_queue(choice.handle)
+            choice.handle.put(Event(choice.index, finish_reason="error", error=message))
+        self._choices.clear()
+        while True:  # jobs submitted but not yet inserted
+            try:
+                name, handle = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if name == "submit":
+                self._leave_queue(handle)
+                handle.put(RequestError(message, status=503, type="server_error"))
+
+    def _respond(self, r, now: float) -> None:
+        choice = self._choices.get(r.uid)
+        if choice is None:
+            return
+        handle = choice.handle
+        if handle.waiting:
+            self._leave_queue(handle)
+            self.metrics.time_to_first_token.observe(now - handle.submitted)
+        elif choice.last is not None:
+            self.metrics.inter_token_latency.observe(now - choice.last)
+        choice.last = now
+        if r.finish_reason == "error":
+            del self._choices[r.uid]
+            handle.put(Event(choice.index, finish_reason="error", error=r.error, tokens=r.generation_tokens))
+            return
+        self.metrics.generation_tokens.inc()
+        text, found = choice.stops.feed(r.text)
+        finish = r.finish_reason
+        if found:
+            finish = "stop"
+            if r.finish_reason is None:
+                self.gen.cancel(r.uid)  # the row leaves before the next step
+        elif finish:
+            text += choice.stops.flush()
+        calls = []
+        if choice.tools:
+            text, calls = choice.tools.feed(text)
+            if finish:
+                rest, more = choice.tools.finish()
+                text, calls = text + rest, calls + more
+                if finish == "stop" and choice.tools.calls:
+                    finish = "tool_calls"
+        eos = r.finish_reason == "stop"  # the end-of-sequence token: not part of the reply
+        if finish:
+            del self._choices[r.uid]
+        if text or calls or finish or (r.logprobs and not eos):
+            handle.put(Event(choice.index, text, None if eos else r.token, None if eos else r.logprobs,
+                             calls, finish, tokens=r.generation_tokens))

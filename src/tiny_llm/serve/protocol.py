@@ -1,0 +1,394 @@
+"""Engine — the server's requests: OpenAI request bodies checked and turned into a `Job`
+(token ids, one `SamplingParams` per choice, stop strings, tools), without touching MLX.
+
+Every mistake is a `RequestError` that names the field: the HTTP layer answers it with
+OpenAI's error shape and status 400 (404 for an unknown model).
+"""
+
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+
+from ..constrain import Grammar
+from ..defaults import MAX_TOKENS
+from ..sampler import SamplingParams
+from ..sampler.checks import check_int
+from ..tokenizer import Tokenizer
+from .tools import ToolError, check_tool_choice, check_tools, conversation, tool_call_grammar
+
+MAX_CHOICES = 128
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+# OpenAI fields that change nothing here; accepted so that clients which send them work.
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities",
+                     "reasoning_effort", "prompt_cache_key", "safety_identifier", "stream_options"})
+# SamplingParams fields a request may set by name (our extensions); the rest are set by the
+# server (`logprobs`, `grammar`, `eos_token_ids`) or have an OpenAI name.
+EXTENSIONS = frozenset(f.name for f in fields(SamplingParams)) - {"logprobs", "grammar", "eos_token_ids", "order"}
+COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
+                    "frequency_penalty", "logit_bias", "stream", "samplers", "order", "grammar", "regex",
+                    "json_schema", "response_format"})
+CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"}
+COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(ValueError):
+    """A request the server refuses: `status`, OpenAI's error `type`, the `param` at fault."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = message, param, status, type, code
+
+    def to_openai(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """One checked request: what the engine thread needs and how to shape the answer."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    params: list[SamplingParams]  # one per choice
+    stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # None: no log-probabilities; k: the top k with each token
+    stream: bool = False
+    include_usage: bool = False
+    tools: bool = False  # parse tool calls out of the reply
+
+
+@dataclass
+class Context:
+    """What checking a request needs to know about the served model."""
+
+    tokenizer: Tokenizer
+    model_ids: tuple[str, ...]  # the first is the name the server reports
+    context_length: int | None
+    vocab_size: int
+    max_prompt_tokens: int | None = None
+    grammars: "GrammarCache" = None
+
+    def __post_init__(self):
+        self.grammars = self.grammars or GrammarCache()
+
+
+class GrammarCache:
+    """Compiled grammars by source, so that requests with the same schema share one grammar
+    and its token masks (least recently used ones dropped beyond `size`)."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
+
+    def get(self, key: tuple, build: Callable[[], Grammar]) -> Grammar:
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            grammar = build()
+            self._grammars[key] = grammar
+            while len(self._grammars) > self.size:
+                self._grammars.popitem(last=False)
+        self._grammars.move_to_end(key)
+        return grammar
+
+
+def parse(body, kind: str, ctx: Context) -> Job:
+    """Check an OpenAI request body of `kind` ("chat" or "completion") and build its `Job`."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    allowed = CHAT if kind == "chat" else COMPLETION
+    unknown = sorted(k for k in body if k not in allowed and k not in EXTENSIONS and k not in IGNORED)
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} in a {kind} request", unknown[0])
+    model = body.get("model")
+    if model is not None and model not in ctx.model_ids:
+        raise RequestError(f"the model {model!r} does not exist; this server has {ctx.model_ids[0]!r}",
+                           "model", status=404, code="model_not_found")
+    best_of = body.get("best_of")
+    for name, supported in (("echo", body.get("echo") in (None, False)), ("suffix", body.get("suffix") is None),
+                            ("best_of", best_of is None or (best_of == 1 and not isinstance(best_of, bool)))):
+        if not supported:
+            raise RequestError(f"{name} is not supported (only its default)", name)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise RequestError("stream_options must be an object, and only with stream: true", "stream_options")
+    include_usage = bool(options and _flag(options, "include_usage"))
+
+    tools, tool_mode, forced = None, "none", None
+    if kind == "chat":
+        try:
+            tools = check_tools(body["tools"]) if body.get("tools") is not None else None
+            tool_mode, forced = check_tool_choice(body.get("tool_choice"), tools)
+        except ToolError as e:
+            raise RequestError(str(e), e.param) from None
+        prompt = _chat_prompt(body.get("messages"), tools if tool_mode != "none" else None, ctx)
+    else:
+        prompt = _completion_prompt(body.get("prompt"), ctx)
+
+    max_tokens = _max_tokens(body, kind, len(prompt), ctx)
+    logprobs = _logprobs(body, kind)
+    grammar = _grammar(body, ctx, tools if tool_mode == "required" else None, forced)
+    n = check_field("n", body.get("n", 1), lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
+    params = _sampling(body, grammar, logprobs, ctx)
+    if params.seed is not None and n > 1:  # choice i draws with seed + i: the choices differ
+        choices = [replace(params, seed=(params.seed + i) % 2**32) for i in range(n)]
+    else:
+        choices = [params] * n
+    return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, _stop(body.get("stop")), logprobs, stream,
+               include_usage, tools=tool_mode != "none")
+
+
+def check_field(name: str, value, check: Callable):
+    """`check(value)`, its `ValueError` turned into a `RequestError` naming `name`."""
+    try:
+        return check(value)
+    except ValueError as e:
+        raise RequestError(str(e), name) from None
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def _text_content(content, where: str) -> str:
+    """A message's content: a string, or a list of `{"type": "text", "text": ...}` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where} may hold only text parts ({{\"type\": \"text\", \"text\": ...}}), "
+                                   f"got {part!r}", where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where} must be a string or a list of text parts, got {content!r}", where)
+
+
+def _chat_prompt(messages, tools: list[dict] | None, ctx: Context) -> list[int]:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages")
+    checked = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else None
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        message = {"role": "system" if m["role"] == "developer" else m["role"],
+                   "content": _text_content(m.get("content"), f"{where}.content")}
+        if m["role"] == "assistant" and m.get("tool_calls") is not None:
+            calls = m["tool_calls"]
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):
+                raise RequestError(f"{where}.tool_calls must be a list of {{\"id\", \"type\": \"function\", "
+                                   f"\"function\": {{\"name\", \"arguments\"}}}}", f"{where}.tool_calls")
+            message["tool_calls"] = [_template_call(c) for c in calls]
+        if m["role"] == "tool" and m.get("tool_call_id") is not None:
+            message["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            message["name"] = m["name"]
+        checked.append(message)
+    tokenizer = ctx.tokenizer
+    if not tokenizer.chat_template:
+        raise RequestError("this model has no chat template: use /v1/completions", "messages")
+    takes_tools = tokenizer.template_takes_tools
+    try:
+        text = tokenizer.apply_chat_template(conversation(checked, tools, takes_tools),
+                                             tools=tools if takes_tools else None)
+    except Exception as e:  # the template's own raise_exception, or a Jinja error
+        raise RequestError(f"the chat template cannot render these messages: {e}", "messages") from None
+    return _checked_prompt(tokenizer.encode(text), ctx)
+
+
+def _template_call(call: dict) -> dict:
+    """An assistant's tool call as chat templates expect it: arguments as an object."""
+    function = dict(call["function"])
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return {**call, "type": "function", "function": function}
+
+
+def _completion_prompt(prompt, ctx: Context) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a list of one prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt is empty", "prompt")
+        return _checked_prompt(ctx.tokenizer.encode(prompt), ctx)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        outside = [t for t in prompt if not 0 <= t < ctx.vocab_size]
+        if outside:
+            raise RequestError(f"prompt holds token id {outside[0]}, outside the vocabulary [0, {ctx.vocab_size})",
+                               "prompt")
+        return _checked_prompt(list(prompt), ctx)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
+        raise RequestError("one prompt per request: send several requests (they are batched together)", "prompt")
+    raise RequestError(f"prompt must be a string or a non-empty list of token ids, got {prompt!r}"[:300], "prompt")
+
+
+def _checked_prompt(tokens: list[int], ctx: Context) -> list[int]:
+    if not tokens:
+        raise RequestError("the prompt encodes to no tokens", "prompt")
+    if ctx.max_prompt_tokens is not None and len(tokens) > ctx.max_prompt_tokens:
+        raise RequestError(f"the prompt has {len(tokens)} tokens; this server takes at most "
+                           f"{ctx.max_prompt_tokens} (--max-prompt-tokens)", "messages/prompt",
+                           code="context_length_exceeded")
+    return tokens
+
+
+def _max_tokens(body: dict, kind: str, prompt_tokens: int, ctx: Context) -> int:
+    names = [n for n in ("max_tokens", "max_completion_tokens") if body.get(n) is not None]
+    if kind == "chat" and len(names) == 2 and body["max_tokens"] != body["max_completion_tokens"]:
+        raise RequestError("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
+    name = names[-1] if names else None
+    room = None if ctx.context_length is None else ctx.context_length - prompt_tokens
+    if room is not None and room <= 0:
+        raise RequestError(f"the prompt of {prompt_tokens} tokens leaves no room in the model's context of "
+                           f"{ctx.context_length} tokens", "messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+    if name is None:
+        return MAX_TOKENS if room is None else min(MAX_TOKENS, room)
+    value = check_field(name, body[name], lambda v: check_int(name, v, minimum=1))
+    if room is not None and value > room:
+        raise RequestError(f"the prompt of {prompt_tokens} tokens plus {name}={value} exceeds the model's "
+                           f"context of {ctx.context_length} tokens", name, code="context_length_exceeded")
+    return value
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    if kind == "completion":
+        value = body.get("logprobs")
+        if value is None:
+            return None
+        return check_field("logprobs", value, lambda v: check_int("logprobs", v, minimum=0, maximum=MAX_TOP_LOGPROBS))
+    want = _flag(body, "logprobs")
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if want else None
+    top = check_field("top_logprobs", top,
+                      lambda v: check_int("top_logprobs", v, minimum=0, maximum=MAX_TOP_LOGPROBS))
+    if not want:
+        raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    return top
+
+
+def _stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
+            or len(stops) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, "
+                           f"got {stop!r}", "stop")
+    return stops
+
+
+def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None, forced_name: str | None) -> Grammar | None:
+    """The grammar of `response_format`, a forced tool call, or the `grammar` / `regex` /
+    `json_schema` extensions (at most one of them)."""
+    given = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+            raise RequestError(f'response_format must be {{"type": "text" | "json_object" | "json_schema"}}, '
+                               f"got {fmt!r}", "response_format")
+        if fmt["type"] == "json_object":
+            given.append(("response_format", "json_schema", {"type": "object"}))
+        elif fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
+                raise RequestError('response_format json_schema must be {"name": ..., "schema": {...}}',
+                                   "response_format")
+            given.append(("response_format", "json_schema", spec.get("schema", {})))
+    for name in ("grammar", "regex", "json_schema"):
+        if body.get(name) is not None:
+            given.append((name, name, body[name]))
+    if forced_tools is not None:
+        given.append(("tool_choice", "tools", None))
+    if len(given) > 1:
+        raise RequestError(f"{given[0][0]} and {given[1][0]} each constrain the output; send one", given[1][0])
+    if not given:
+        return None
+    param, kind, value = given[0]
+    if kind == "tools":
+        key = ("tools", json.dumps(forced_tools, sort_keys=True), forced_name)
+        build = lambda: tool_call_grammar(forced_tools, forced_name)  # noqa: E731
+    else:
+        if kind == "json_schema" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"{param} is not valid JSON: {e}", param) from None
+        if kind != "json_schema" and not isinstance(value, str):
+            raise RequestError(f"{param} must be text, got {value!r}", param)
+        key = (kind, json.dumps(value, sort_keys=True))
+        build = {"grammar": lambda: Grammar.from_gbnf(value), "regex": lambda: Grammar.from_regex(value),
+                 "json_schema": lambda: Grammar.from_json_schema(value)}[kind]
+    try:
+        grammar = ctx.grammars.get(key, build)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"{param}: {e}", param) from None
+    if grammar.matches_only_empty():
+        raise RequestError(f"{param} allows only the empty text: nothing to generate", param)
+    return grammar
+
+
+def _sampling(body: dict, grammar: Grammar | None, logprobs: int | None, ctx: Context) -> SamplingParams:
+    values = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
+    values.setdefault("temperature", 1.0)  # OpenAI's default
+    if body.get("samplers") is not None and body.get("order") is not None:
+        raise RequestError("samplers and order name the same thing; send one", "order")
+    order = body.get("samplers", body.get("order"))
+    if order is not None:
+        values["order"] = tuple(order) if isinstance(order, list) else order
+    if body.get("logit_bias") is not None:
+        values["logit_bias"] = _logit_bias(body["logit_bias"])
+    if "dry_sequence_breakers" in values and isinstance(values["dry_sequence_breakers"], list):
+        values["dry_sequence_breakers"] = tuple(
+            tuple(b) if isinstance(b, list) else b for b in values["dry_sequence_breakers"])
+    if values.get("min_tokens"):
+        values["eos_token_ids"] = tuple(sorted(ctx.tokenizer.eos_token_ids))
+    values["logprobs"] = logprobs or 0
+    values["grammar"] = grammar
+    try:
+        params = SamplingParams(**values)
+        params.check_vocabulary(ctx.vocab_size)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        param = next((name for name in sorted(values, key=len, reverse=True) if message.startswith(name)), None)
+        raise RequestError(message, "samplers" if param == "order" and "samplers" in body else param) from None
+    return params
+
+
+def _logit_bias(bias) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (JSON keys are strings) to a bias in [-100, 100]."""
+    if not isinstance(bias, dict):
+        raise RequestError(f"logit_bias must be an object of token id to bias, got {bias!r}", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise RequestError(f"logit_bias for token {key} must be a number in [-100, 100], got {value!r}",
+                               "logit_bias")
+        out[token] = -math.inf if value == -100 else float(value)
+    return out

@@ -1,0 +1,51 @@
+"""`tiny-llm serve` with the real default model (SmolLM2-135M-Instruct): a chat turn through
+the official `openai` client, whole and streamed, and structured output that always
+validates. Each token costs a fifth of a second here, so the replies are short."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from serve_support import running_server
+
+pytestmark = pytest.mark.xdist_group("serve")
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+
+
+@pytest.fixture(scope="module")
+def client():
+    with running_server("--max-batch-size", "10") as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_a_chat_turn_whole_and_streamed(client, default_tokenizer):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    kw = dict(model="default", messages=messages, max_tokens=10, temperature=0.0)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = whole.choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert "Paris" in text  # the real model's greedy answer
+    prompt = default_tokenizer.encode(default_tokenizer.apply_chat_template(messages))
+    assert whole.usage.prompt_tokens == len(prompt) and chunks[-1].usage == whole.usage
+    finish = whole.choices[0].finish_reason
+    assert (finish, whole.usage.completion_tokens) == ("length", 10) or (
+        finish == "stop" and whole.usage.completion_tokens <= 10)
+
+
+def test_ten_of_ten_json_schema_replies_validate(client):
+    """response_format json_schema: ten sampled choices (one prefill), each a whole JSON value
+    that validates, ended by the model's own end-of-sequence token."""
+    reply = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Describe a person as JSON with a name and an age."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        n=10, temperature=0.8, seed=0, max_tokens=80)
+    assert len(reply.choices) == 10
+    for choice in reply.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert len({c.message.content for c in reply.choices}) > 5  # sampled, not one reply ten times

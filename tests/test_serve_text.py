@@ -1,0 +1,205 @@
+"""The server's text handling and request checks, without a server: stop strings and tool
+calls cut out of streamed text at every possible split, tools in the prompt, and every
+field a request can get wrong."""
+
+import json
+
+import jsonschema
+import pytest
+
+from tiny_llm.serve.protocol import Context, RequestError, parse
+from tiny_llm.serve.text import StopStrings, ToolCallText, parse_tool_call
+from tiny_llm.serve.tools import conversation, tool_call_grammar
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "additionalProperties": False}}}
+
+
+def splits(text: str):
+    """`text` cut into pieces at every pair of positions."""
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            yield [text[:i], text[i:j], text[j:]]
+
+
+def run_stops(pieces, stops):
+    matcher, out = StopStrings(stops), ""
+    for piece in pieces:
+        text, found = matcher.feed(piece)
+        out += text
+        if found:
+            return out, True
+    return out + matcher.flush(), False
+
+
+@pytest.mark.parametrize("stops", [["END"], ["EN", "xyz"], ["ENDING", "D o"]])
+def test_a_stop_string_is_found_however_the_text_is_split(stops):
+    text = "Hello wor\nld ENDING more"
+    expected_at = min(i for i in (text.find(s) for s in stops) if i >= 0)
+    for pieces in splits(text):
+        out, found = run_stops(pieces, stops)
+        assert found and out == text[:expected_at], pieces
+
+
+def test_text_that_only_begins_a_stop_string_is_held_then_released():
+    matcher = StopStrings(["</end>"])
+    assert matcher.feed("a </e") == ("a ", False)  # "</e" may begin the stop string
+    assert matcher.feed("x") == ("</ex", False)  # it did not
+    assert matcher.feed("</en") == ("", False)
+    assert matcher.flush() == "</en"  # the reply ended: nothing is lost
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+
+
+def run_tools(pieces):
+    stream, content, calls = ToolCallText(), "", []
+    for piece in pieces:
+        text, new = stream.feed(piece)
+        content, calls = content + text, calls + new
+    text, new = stream.finish()
+    return content + text, calls + new
+
+
+def test_tool_calls_are_cut_out_however_the_text_is_split():
+    text = f"Let me check.\n{CALL}\n{CALL.replace('Paris', 'Oslo')} done"
+    for pieces in splits(text):
+        content, calls = run_tools(pieces)
+        assert content == "Let me check.\n\n done", pieces
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Oslo", "days": 2})]
+
+
+@pytest.mark.parametrize("block", [
+    "<tool_call>\nnot json\n</tool_call>",
+    '<tool_call>{"arguments": {}}</tool_call>',  # no name
+    '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',  # arguments not an object
+    '<tool_call>{"name": "f", "arguments": {"a": 1}',  # cut off: no closing brace
+])
+def test_a_malformed_tool_call_stays_in_the_content(block):
+    content, calls = run_tools(["before ", block])
+    assert calls == [] and content == "before " + block
+
+
+def test_a_call_left_open_at_the_end_still_counts():
+    content, calls = run_tools(['<tool_call>\n{"name": "get_time", "arguments": {}}'])
+    assert content == "" and [c.name for c in calls] == ["get_time"]
+    assert parse_tool_call('{"name": "f", "arguments": "{\\"x\\": 1}"}').arguments == '{"x": 1}'
+
+
+def test_the_forced_call_grammar_takes_exactly_the_valid_calls():
+    grammar = tool_call_grammar([WEATHER, TIME])
+    assert grammar.accepts(CALL)
+    assert grammar.accepts('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not grammar.accepts(CALL.replace("Paris", "Rome"))  # not in the enum
+    assert not grammar.accepts(CALL.replace('"days": 2', '"days": 9'))  # above the maximum
+    assert not grammar.accepts(CALL + "\n" + CALL)  # one call
+    named = tool_call_grammar([WEATHER, TIME], "get_time")
+    assert not named.accepts(CALL) and named.accepts('<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>')
+
+
+def test_tools_and_their_results_become_text_for_a_template_without_tools():
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    out = conversation(messages, [WEATHER], template_takes_tools=False)
+    assert out[0]["role"] == "system" and json.dumps(WEATHER) in out[0]["content"]
+    assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>'
+    assert out[3] == {"role": "user", "content": "<tool_response>\nrain\n</tool_response>"}
+    assert conversation(messages, [WEATHER], template_takes_tools=True) == messages
+
+
+@pytest.fixture(scope="module")
+def ctx(default_tokenizer):
+    return Context(default_tokenizer, ("default",), 1000, default_tokenizer.vocab_size, max_prompt_tokens=300)
+
+
+def chat(**fields):
+    return {"messages": [{"role": "user", "content": "Hi"}], **fields}
+
+
+def test_a_good_request_becomes_a_job(ctx, default_tokenizer):
+    job = parse(chat(max_tokens=5, temperature=0.5, top_k=3, seed=7, n=2, stop="x", logprobs=True,
+                     top_logprobs=2, samplers="vllm", logit_bias={"5": -100, "6": 2}), "chat", ctx)
+    assert job.prompt == default_tokenizer.encode(default_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}]))
+    assert (job.max_tokens, job.stop, job.logprobs) == (5, ["x"], 2)
+    assert [p.seed for p in job.params] == [7, 8]  # choice i draws with seed + i
+    p = job.params[0]
+    assert (p.temperature, p.top_k, p.logprobs, p.order[:2]) == (0.5, 3, 2, ("penalties", "temperature"))
+    assert p.logit_bias == {5: float("-inf"), 6: 2.0}
+    assert parse({"prompt": [1, 2, 3]}, "completion", ctx).prompt == [1, 2, 3]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    job = parse(chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+                "chat", ctx)
+    assert job.params[0].grammar.accepts('{"a": 1}') and not job.params[0].grammar.accepts('{"b": 1}')
+    assert job.max_tokens == 256  # the default
+
+
+@pytest.mark.parametrize("body, param, status", [
+    (chat(temperature=-1), "temperature", 400),
+    (chat(temperature="hot"), "temperature", 400),
+    (chat(top_k=1.5), "top_k", 400),
+    (chat(n=0), "n", 400),
+    (chat(max_tokens=0), "max_tokens", 400),
+    (chat(max_tokens=990), "max_tokens", 400),  # beyond the context of 1000
+    (chat(max_tokens=3, max_completion_tokens=4), "max_completion_tokens", 400),
+    (chat(stop=["a", ""]), "stop", 400),
+    (chat(logit_bias={"x": 1}), "logit_bias", 400),
+    (chat(logit_bias={"1": 101}), "logit_bias", 400),
+    (chat(logit_bias={"99999": 1}), "logit_bias", 400),  # outside the vocabulary
+    (chat(top_logprobs=2), "top_logprobs", 400),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs", 400),
+    (chat(samplers="nonsense"), "samplers", 400),
+    (chat(stream_options={"include_usage": True}), "stream_options", 400),
+    (chat(response_format={"type": "xml"}), "response_format", 400),
+    (chat(grammar="root ::= ", regex="a"), "regex", 400),
+    (chat(grammar="root ::= [a"), "grammar", 400),
+    (chat(json_schema={"type": "object", "properties": 3}), "json_schema", 400),
+    (chat(tools=[{"type": "function"}]), "tools[0]", 400),
+    (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice", 400),
+    (chat(tool_choice="required"), "tool_choice", 400),
+    (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice", 400),
+    (chat(frobnicate=1), "frobnicate", 400),
+    (chat(model="gpt-4"), "model", 404),
+    ({"messages": []}, "messages", 400),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", 400),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", 400),
+    ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages/prompt", 400),  # --max-prompt-tokens
+    ("not an object", None, 400),
+])
+def test_every_bad_field_is_refused_by_name(ctx, body, param, status):
+    with pytest.raises(RequestError) as e:
+        parse(body, "chat", ctx)
+    assert (e.value.param, e.value.status) == (param, status), e.value.message
+    shape = e.value.to_openai()["error"]
+    assert set(shape) == {"message", "type", "param", "code"} and shape["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": ""}, "prompt"), ({"prompt": [1, -2]}, "prompt"), ({"prompt": [49152]}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "logprobs": 30}, "logprobs"), ({"prompt": "x", "tools": []}, "tools"),
+])
+def test_bad_completion_requests_are_refused_by_name(ctx, body, param):
+    with pytest.raises(RequestError) as e:
+        parse(body, "completion", ctx)
+    assert e.value.param == param, e.value.message
+
+
+def test_forced_call_grammar_outputs_validate_against_the_schema():
+    """The arguments a forced-call grammar accepts are the ones the schema validates."""
+    grammar = tool_call_grammar([WEATHER])
+    schema = WEATHER["function"]["parameters"]
+    for city in ("Paris", "Oslo", "Rome"):
+        for days in (0, 1, 7, 8):
+            text = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}", "days": {days}}}}}\n</tool_call>'
+            valid = jsonschema.Draft202012Validator(schema).is_valid({"city": city, "days": days})
+            assert grammar.accepts(text) == valid, text
