@@ -49,6 +49,11 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_speculative.py": ("week3-day1",),
     "tests/test_cli.py": ("week2-day3", "week2-day5", "week3-day1"),
     "tests/test_progress.py": ("week2-day3", "week2-day4"),
+    # The server runs on the batch engine (week 2, days 4 and 5).
+    "tests/test_serve_text.py": (),
+    "tests/test_serve.py": ("week2-day5",),
+    "tests/test_serve_default.py": ("week2-day5",),
+    "tests/test_serve_browser.py": ("week2-day5",),
 }
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<day>\S+)\s*$")
