@@ -52,6 +52,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     # The server runs on the batch engine (week 2, days 4 and 5).
     "tests/test_serve_text.py": (),
     "tests/test_serve.py": ("week2-day5",),
+    "tests/test_serve_engine.py": ("week2-day5",),
     "tests/test_serve_default.py": ("week2-day5",),
     "tests/test_serve_browser.py": ("week2-day5",),
 }

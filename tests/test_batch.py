@@ -172,23 +172,6 @@ def test_cancel_takes_a_request_out_of_the_queue_or_the_batch():
         assert tokens.get(uid, []) == generate_alone(model, tok, prompts[uid], 8, params[uid])
 
 
-def test_requests_with_one_prompt_share_its_prefill():
-    """Three requests of one prompt and one of another, joining together: two prompts are
-    prefilled, and every request gives its solo tokens."""
-    model, _ = tiny_model("llama-tied", seed=41)
-    tok = vocab_tokenizer(model.args.vocab_size)
-    prompts = [[5, 17, 3, 8], [5, 17, 3, 8], [9, 2], [5, 17, 3, 8]]
-    params = [SamplingParams(temperature=0.9, seed=i) for i in range(4)]
-    gen = BatchGenerator(model, tok)
-    for p, sp in zip(prompts, params):
-        gen.insert(p, 6, sp)
-    tokens, _, _ = run_generator(gen, None)
-    assert gen.stats.prompt_tokens == 4 + 2
-    for uid in range(4):
-        assert tokens[uid] == generate_alone(model, tok, prompts[uid], 6, params[uid])
-    assert len({tuple(tokens[u]) for u in (0, 1, 3)}) == 3  # one prefill, three seeds
-
-
 def test_logprobs_are_the_models_log_softmax_for_the_drawn_tokens():
     """logprobs=True: each token's log-probability and the top `params.logprobs` equal
     log-softmax of the model's logits over prompt + reply (teacher forcing); rows that did

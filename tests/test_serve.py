@@ -5,6 +5,8 @@ in this process and with the model's own logits, never with fixed strings."""
 
 import concurrent.futures
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -261,12 +263,37 @@ def test_errors_come_in_openais_shape(tiny, client):
     big = httpx.post(tiny.url + "/v1/completions", content=b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
     assert error_of(big, 413)["code"] == "request_too_large"
     assert error_of(tiny.get("/v1/nothing"), 404)
+    surrogate = httpx.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}')
+    assert error_of(surrogate, 400)["param"] == "messages"
+    deep = httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000)
+    assert "nested too deeply" in error_of(deep, 400)["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=NAME, messages=chat("x"), extra_body={"top_k": -3})
     assert e.value.body["param"] == "top_k"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-9", messages=chat("x"))
     assert tiny.metric('tiny_llm_requests_total{endpoint="chat",status="400"}') >= 3
+
+
+def test_a_request_that_fails_while_decoding_fails_alone(tiny, client, default_tokenizer):
+    """A grammar whose only character is banned by logit_bias cannot draw a token: that
+    request (both its choices) ends with a 500, the streams beside it go on unchanged."""
+    banned = default_tokenizer.encode("x")[0]
+    doomed = {"prompt": "a", "max_tokens": 5, "regex": "x", "logit_bias": {str(banned): -100}, "n": 2}
+    kw = [dict(model=NAME, prompt=f"Story number {i}:", max_tokens=40, temperature=1.0, seed=i, logit_bias=EOS)
+          for i in range(3)]
+
+    def stream(k):
+        return "".join(c.choices[0].text for c in client.completions.create(stream=True, **k))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(stream, k) for k in kw]
+        time.sleep(0.2)  # the streams are running
+        failed = tiny.post("/v1/completions", doomed)
+        texts = [f.result(timeout=120) for f in streams]
+    assert "the grammar allows has logit -inf" in error_of(failed, 500)["message"]
+    assert texts == [client.completions.create(**k).choices[0].text for k in kw]
+    assert tiny.metric("tiny_llm_running_rows") == 0
 
 
 def test_a_client_that_disconnects_frees_its_row(tiny):
@@ -280,6 +307,28 @@ def test_a_client_that_disconnects_frees_its_row(tiny):
         assert time.monotonic() < deadline, "the row was not freed"
         time.sleep(0.05)
     assert tiny.metric("tiny_llm_generation_tokens_total") < 2000 + 200  # it did not run to the end
+    # A client of a whole (not streamed) reply that gives up: the same.
+    cancelled = tiny.metric("tiny_llm_cancelled_requests_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(tiny.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=1.0)
+    deadline = time.monotonic() + 20
+    while tiny.metric("tiny_llm_cancelled_requests_total") == cancelled or tiny.metric("tiny_llm_running_rows"):
+        assert time.monotonic() < deadline, "the row was not freed"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_ends_open_streams_with_an_error_and_done(tiny_dir):
+    with running_server(model=str(tiny_dir)) as server:
+        body = {"messages": chat("Go on."), "max_tokens": 2000, "stream": True, "logit_bias": EOS}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            next(lines)
+            os.killpg(server.process.pid, signal.SIGINT)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][len("data: "):])["error"]["message"] == "the server is shutting down"
+        assert server.process.wait(15) in (0, 130)  # 130: the status of a program ended by Ctrl-C
+        assert "Traceback" not in server.log.read_text()
 
 
 def test_api_key_queue_limit_and_prompt_limit(tiny_dir):

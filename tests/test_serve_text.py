@@ -168,7 +168,12 @@ def test_a_good_request_becomes_a_job(ctx, default_tokenizer):
     (chat(tool_choice="required"), "tool_choice", 400),
     (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice", 400),
     (chat(frobnicate=1), "frobnicate", 400),
+    (chat(regex="yes|no", mirostat=2), "regex", 400),  # named as the request names it
     (chat(model="gpt-4"), "model", 404),
+    (chat(model=5), "model", 400),
+    (chat(logit_bias={" 1 ": 1}), "logit_bias", 400),
+    (chat(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage", 400),
+    ({"messages": [{"role": "user", "content": "a \ud800 b"}]}, "messages", 400),  # a lone surrogate
     ({"messages": []}, "messages", 400),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", 400),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content", 400),
@@ -187,6 +192,7 @@ def test_every_bad_field_is_refused_by_name(ctx, body, param, status):
     ({"prompt": ""}, "prompt"), ({"prompt": [1, -2]}, "prompt"), ({"prompt": [49152]}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "logprobs": 30}, "logprobs"), ({"prompt": "x", "tools": []}, "tools"),
+    ({"prompt": "\udc80"}, "prompt"),
 ])
 def test_bad_completion_requests_are_refused_by_name(ctx, body, param):
     with pytest.raises(RequestError) as e:
@@ -203,3 +209,47 @@ def test_forced_call_grammar_outputs_validate_against_the_schema():
             text = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}", "days": {days}}}}}\n</tool_call>'
             valid = jsonschema.Draft202012Validator(schema).is_valid({"city": city, "days": days})
             assert grammar.accepts(text) == valid, text
+
+
+def test_a_template_that_reads_tools_renders_them_itself(default_tokenizer):
+    """Tools reach a template that takes them as the `tools` variable; calls and results stay
+    messages (the template formats them); no preamble is added."""
+    from tiny_llm.tokenizer import Tokenizer
+
+    template = ("{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}[call {{ c.function.name }} {{ c.function.arguments.city }}]"
+                "{% endfor %}{% endfor %}<assistant>")
+    tokenizer = Tokenizer(default_tokenizer.backend, eos_tokens=["<|im_end|>"], chat_template=template)
+    assert tokenizer.template_takes_tools and not default_tokenizer.template_takes_tools
+    ctx = Context(tokenizer, ("m",), None, tokenizer.vocab_size)
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    job = parse({"messages": messages, "tools": [WEATHER, TIME]}, "chat", ctx)
+    assert tokenizer.decode(job.prompt) == (
+        "[tool get_weather][tool get_time]<user>Weather?<assistant>[call get_weather Oslo]<tool>rain<assistant>")
+    none = parse({"messages": messages[:1], "tools": [WEATHER], "tool_choice": "none"}, "chat", ctx)
+    assert tokenizer.decode(none.prompt) == "<user>Weather?<assistant>"  # "none": the model is not shown tools
+
+
+def test_forced_calls_follow_parameters_with_references():
+    """Parameter schemas with $defs and '#' references (what pydantic writes) keep their
+    meaning inside the call grammar, and the JSON is on one line."""
+    city = {"type": "object", "properties": {"name": {"enum": ["Oslo", "Paris"]}}, "required": ["name"],
+            "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "trip", "parameters": {
+        "$defs": {"City": city}, "type": "object", "additionalProperties": False, "required": ["to"],
+        "properties": {"to": {"$ref": "#/$defs/City"}, "then": {"$ref": "#"}}}}}
+    grammar = tool_call_grammar([tool, WEATHER])
+
+    def call(arguments: str) -> str:
+        return f'<tool_call>\n{{"name": "trip", "arguments": {arguments}}}\n</tool_call>'
+
+    assert grammar.accepts(call('{"to": {"name": "Oslo"}}'))
+    assert grammar.accepts(call('{"to": {"name": "Oslo"}, "then": {"to": {"name": "Paris"}}}'))
+    assert not grammar.accepts(call('{"to": {"name": "Rome"}}'))
+    assert not grammar.accepts(call('{"to": {"name": "Oslo"}, "then": {"to": "Paris"}}'))
+    assert not grammar.accepts(call('{"to":\n{"name": "Oslo"}}'))  # no newlines inside the call

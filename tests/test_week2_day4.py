@@ -134,6 +134,27 @@ def test_rows_finish_independently():
     assert result.stats.prompt_tokens == sum(map(len, PROMPTS))
 
 
+def test_requests_with_one_prompt_share_its_prefill():
+    """Three requests of one prompt and one of another, joining together: two prompts are
+    prefilled, and every request gives its solo tokens."""
+    model, _ = tiny_model("llama-tied", seed=41)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    prompts = [[5, 17, 3, 8], [5, 17, 3, 8], [9, 2], [5, 17, 3, 8]]
+    params = [SamplingParams(temperature=0.9, seed=i) for i in range(4)]
+    gen = BatchGenerator(model, tok)
+    for p, sp in zip(prompts, params):
+        gen.insert(p, 6, sp)
+    tokens = {}
+    while gen.has_work():
+        for r in gen.step():
+            if r.finish_reason != "stop":
+                tokens.setdefault(r.uid, []).append(r.token)
+    assert gen.stats.prompt_tokens == 4 + 2
+    for uid in range(4):
+        assert tokens[uid] == generate_alone(model, tok, prompts[uid], 6, params[uid])
+    assert len({tuple(tokens[u]) for u in (0, 1, 3)}) == 3  # one prefill, three seeds
+
+
 def test_string_prompts_are_encoded():
     model, _ = tiny_model("llama-tied", seed=9)
     tok = vocab_tokenizer(model.args.vocab_size)

@@ -67,12 +67,16 @@ def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True)
     parser.add_argument("--no-fused", action="store_true",
                         help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
     if generation:
-        parser.add_argument("--prefill-step-size", type=int, default=None,
-                            help=f"prefill the prompt in chunks of this many tokens (default {PREFILL_STEP_SIZE} "
-                                 f"on a GPU; {CPU_PREFILL_STEP_SIZE} on the CPU, where a token of prefill takes a "
-                                 f"tenth of a second or more and Ctrl-C acts between chunks)")
+        _add_prefill_option(parser)
         parser.add_argument("--no-kv-cache", action="store_true",
                             help="recompute the whole sequence for every token (week 1's loop; slow)")
+
+
+def _add_prefill_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill-step-size", type=int, default=None,
+                        help=f"prefill the prompt in chunks of this many tokens (default {PREFILL_STEP_SIZE} "
+                             f"on a GPU; {CPU_PREFILL_STEP_SIZE} on the CPU, where a token of prefill takes a "
+                             f"tenth of a second or more and Ctrl-C acts between chunks)")
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
@@ -661,8 +665,14 @@ def _serve(args: argparse.Namespace) -> None:
                    max_prompt_tokens=args.max_prompt_tokens)
     print(f"tiny-llm serve: {name} on http://{args.host}:{args.port} (chat page at /, API at /v1; "
           f"up to {args.max_batch_size} requests decode together); Ctrl-C stops", file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level="warning",
-                                  timeout_graceful_shutdown=5)).run()
+
+    class Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # Ctrl-C: open requests end now, with a 503
+            server.engine.close()
+            super().handle_exit(sig, frame)
+
+    Uvicorn(uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level="warning",
+                           timeout_graceful_shutdown=5)).run()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -722,13 +732,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, metavar="NAME",
                        help="the model name clients send and /v1/models lists (default: 'default' or the "
                             "model directory's name)")
-    serve.add_argument("--model", default="default",
-                       help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
-    serve.add_argument("--no-fused", action="store_true",
-                       help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
-    serve.add_argument("--prefill-step-size", type=int, default=None,
-                       help=f"prefill prompts in chunks of this many tokens (default {PREFILL_STEP_SIZE} on a GPU, "
-                            f"{CPU_PREFILL_STEP_SIZE} on the CPU)")
+    _add_model_options(serve, generation=False)
+    _add_prefill_option(serve)
     serve.set_defaults(run=_serve)
 
     smoke = commands.add_parser("smoke", help="run the model once and show the next-token distribution")

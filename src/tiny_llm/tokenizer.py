@@ -81,8 +81,12 @@ class Tokenizer:
         """Whether the chat template renders tool definitions (it reads a `tools` variable)."""
         if not self.chat_template:
             return False
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment()
-        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+        cached = getattr(self, "_takes_tools", None)
+        if cached is None or cached[0] != self.chat_template:  # parsed once per template
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+            names = jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+            self._takes_tools = cached = (self.chat_template, "tools" in names)
+        return cached[1]
 
     def save(self, directory: Path) -> None:
         """Write `tokenizer.json` and `tokenizer_config.json` (readable by `transformers`)."""

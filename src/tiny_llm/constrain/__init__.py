@@ -13,11 +13,11 @@ from .tokens import TokenMatcher, TokenTable
 __all__ = ["Grammar", "TokenMatcher", "TokenTable", "json_schema_to_gbnf", "regex_to_gbnf"]
 
 
-def json_schema_to_gbnf(schema) -> str:
-    """GBNF text for JSON that validates against `schema`."""
+def json_schema_to_gbnf(schema, *, compact: bool = False) -> str:
+    """GBNF text for JSON that validates against `schema` (`compact`: on one line)."""
     from .json_schema import json_schema_to_gbnf as convert
 
-    return convert(schema)
+    return convert(schema, compact=compact)
 
 
 def regex_to_gbnf(pattern: str) -> str:

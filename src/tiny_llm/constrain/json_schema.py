@@ -159,8 +159,12 @@ _NAME = re.compile(r"[a-zA-Z0-9-]+")
 _KEY_ESCAPES = '"\\bfnrt'  # what may follow a backslash in the key of an extra pair
 
 
-def json_schema_to_gbnf(schema: dict | bool | str) -> str:
-    """GBNF text (start rule `root`) for the JSON texts that validate against `schema`.
+COMPACT_SPACE = '| " "'  # `compact=True`: at most one blank between tokens, no newlines
+
+
+def json_schema_to_gbnf(schema: dict | bool | str, *, compact: bool = False) -> str:
+    """GBNF text (start rule `root`) for the JSON texts that validate against `schema`;
+    with `compact`, JSON on one line (a model cannot spend its tokens on whitespace).
 
     `schema` is a dict, a boolean schema, or JSON text of one. Raises ValueError for a
     malformed schema or a keyword the conversion does not support; the message names the
@@ -176,12 +180,13 @@ def json_schema_to_gbnf(schema: dict | bool | str) -> str:
                              f"schema is {MAX_NESTING} levels)") from None
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"json schema: a schema is an object or a boolean, got {type(schema).__name__}")
-    return _Converter(schema).grammar()
+    return _Converter(schema, compact).grammar()
 
 
 class _Converter:
-    def __init__(self, document: dict | bool):
+    def __init__(self, document: dict | bool, compact: bool = False):
         self._document = document
+        self._compact = compact
         self._rules: dict[str, str | None] = {"root": None}  # None: being written
         self._refs: dict[str, str] = {"#": "root"}
         self._depth = 0  # schemas being converted, one inside the other
@@ -196,6 +201,7 @@ class _Converter:
 
     def _primitive(self, name: str) -> str:
         body, deps = PRIMITIVES[name]
+        body = COMPACT_SPACE if name == "space" and self._compact else body
         if name not in self._rules:
             self._rules[name] = body
             for dep in deps:

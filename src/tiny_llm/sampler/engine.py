@@ -314,10 +314,8 @@ class Sampler:
         mx.eval(tokens, tops)
         for row, value in enumerate(tops.tolist()):
             if not math.isfinite(value):
-                raise ValueError(
-                    f"row {row}: the sampling stages left no finite logit (a temperature or "
-                    f"penalty this extreme overflows float32)"
-                )
+                raise RowError(row, "the sampling stages left no finite logit (a temperature or "
+                                    "penalty this extreme overflows float32)")
         if grammar:
             tokens = self._grammar_draw(x, hist, rows, tokens=tokens, final=final, u=u)
         for update in updates:  # state changes only once the draw is valid
@@ -390,8 +388,8 @@ class Sampler:
             masked = mx.where(allowed, x, -math.inf)
             for b, value in enumerate(mx.max(masked, axis=-1).tolist()):
                 if value == -math.inf:
-                    raise ValueError(f"row {b}: every token the grammar allows has logit -inf (after "
-                                     f"logit_bias and min_tokens): nothing can be sampled")
+                    raise RowError(b, "every token the grammar allows has logit -inf (after "
+                                      "logit_bias and min_tokens): nothing can be sampled")
             again = self._final(masked, hist, rows)
             out = mx.where(mx.array(emptied)[:, None], again, out)
         return out

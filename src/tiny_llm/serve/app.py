@@ -24,10 +24,9 @@ from ..batch import TokenLogprobs
 from ..constrain.tokens import token_bytes
 from .engine import Engine, Event, Handle, QueueFull
 from .metrics import Metrics
-from .protocol import Context, Job, RequestError, parse
+from .protocol import Context, Job, RequestError, encode, parse
 
 MAX_BODY_BYTES = 4 << 20
-POLL_DISCONNECT = 0.25  # seconds between checks that a non-streaming client is still there
 
 
 class Server:
@@ -43,11 +42,15 @@ class Server:
     # ---- shapes ----------------------------------------------------------------------------
 
     def token_text(self, token: int) -> tuple[str, list[int]]:
-        """A token's text and bytes as OpenAI reports them (a special token: its name)."""
+        """A token's text and bytes as OpenAI reports them: a special token by its name, and
+        a token that is not whole UTF-8 characters as "bytes:\\xNN..."."""
         data = self.token_bytes[token] if 0 <= token < len(self.token_bytes) else None
         if data is None:
             data = self.ctx.tokenizer.decode([token]).encode()
-        return data.decode(errors="replace"), list(data)
+        try:
+            return data.decode("utf-8"), list(data)
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data), list(data)
 
     def chat_logprobs(self, token: int, lp: TokenLogprobs) -> dict:
         text, data = self.token_text(token)
@@ -124,11 +127,10 @@ def create_app(server: Server) -> Starlette:
             raise RequestError("the request body must be a JSON object")
         if "messages" in body:
             probe = {"messages": body["messages"], "max_tokens": 1}
-            if body.get("tools") is not None:
-                probe["tools"] = body["tools"]
+            probe.update({k: body[k] for k in ("tools", "tool_choice") if body.get(k) is not None})
             tokens = (await run_in_threadpool(parse, probe, "chat", server.ctx)).prompt
         elif isinstance(body.get("prompt"), str):
-            tokens = server.ctx.tokenizer.encode(body["prompt"])
+            tokens = encode(server.ctx.tokenizer, body["prompt"], "prompt")
         else:
             raise RequestError('send "prompt" (text) or "messages"', "prompt")
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.ctx.context_length})
@@ -198,6 +200,8 @@ async def _json_body(request: Request, limit: int):
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply") from None
 
 
 async def _generate(server: Server, request: Request, kind: str) -> Response:
@@ -219,22 +223,30 @@ async def _generate(server: Server, request: Request, kind: str) -> Response:
     if job.stream:
         return StreamingResponse(_stream(server, handle, reply), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
         while not reply.done:
-            try:
-                event = await asyncio.wait_for(handle.queue.get(), POLL_DISCONNECT)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    server.engine.cancel(handle)
-                    return Response(status_code=499)
-                continue
-            reply.add(event)
+            event = asyncio.ensure_future(handle.queue.get())
+            await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not event.done():  # the client went away: its rows leave the batch
+                event.cancel()
+                server.engine.cancel(handle)
+                return Response(status_code=499)
+            reply.add(event.result())
     except asyncio.CancelledError:
         server.engine.cancel(handle)
         raise
+    finally:
+        gone.cancel()
     if reply.error:
-        raise RequestError(f"generation failed: {reply.error}", status=500, type="server_error")
+        raise RequestError(reply.error, status=reply.error_status, type="server_error")
     return JSONResponse(reply.whole())
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(server: Server, handle: Handle, reply: "Reply"):
@@ -248,7 +260,7 @@ async def _stream(server: Server, handle: Handle, reply: "Reply"):
             for chunk in reply.add(event):
                 yield _sse(chunk)
         if reply.error:
-            yield _sse(RequestError(f"generation failed: {reply.error}", type="server_error").to_openai())
+            yield _sse(RequestError(reply.error, status=reply.error_status, type="server_error").to_openai())
         elif reply.job.include_usage:
             yield _sse(reply.usage_chunk())
         yield "data: [DONE]\n\n"
@@ -274,6 +286,7 @@ class Reply:
         self.finish: list[str | None] = [None] * n
         self.tokens = [0] * n
         self.error: str | None = None
+        self.error_status = 500
 
     @property
     def done(self) -> bool:
@@ -296,7 +309,7 @@ class Reply:
         """Record `event`; return its stream chunks."""
         i = event.index
         if event.finish_reason == "error":
-            self.error = event.error
+            self.error, self.error_status = event.error, event.status
             return []
         offset = len(self.texts[i])
         self.texts[i] += event.text

@@ -39,6 +39,7 @@ class Event:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None  # "stop", "length", "tool_calls" or "error"
     error: str | None = None
+    status: int = 500  # the HTTP status of an error (503: the server is shutting down)
     tokens: int = 0  # tokens drawn by this choice so far (the end-of-sequence token included)
 
 
@@ -51,8 +52,8 @@ class Handle:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.submitted = time.perf_counter()
         self.uids: list[int] = []
-        self.waiting = True  # counts against the queue until its first token
-        self.cancelled = False
+        self.waiting = True  # counts against the queue until it has a batch row
+        self.started = False  # its first token has come
 
     def put(self, item) -> None:
         try:
@@ -80,11 +81,12 @@ class Engine:
         self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
         self.gen = self._generator()
         self.table = TokenTable.from_tokenizer(tokenizer)  # built once, before any grammar needs it
-        self.queued = 0  # jobs waiting for their first token
+        self.queued = 0  # jobs waiting for a batch row (submitted, not yet in the batch)
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._choices: dict[int, _Choice] = {}
+        self._queued: list[Handle] = []  # inserted jobs with a row still waiting for the batch
         self._thread = threading.Thread(target=self._run, name="tiny-llm-engine", daemon=True)
 
     def _generator(self) -> BatchGenerator:
@@ -96,8 +98,13 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def close(self) -> None:
+        """Fail every job with 503 "shutting down" and end the engine thread (at once; the
+        thread ends after the step it is in)."""
         self._command("stop", None)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.close()
         self._thread.join(timeout)
 
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Handle:
@@ -130,9 +137,12 @@ class Engine:
                 except queue.Empty:
                     break
                 if name == "stop":
-                    self._fail_all("the server is shutting down")
+                    self._fail_all("the server is shutting down", status=503)
                     return
-                (self._insert if name == "submit" else self._cancel)(handle)
+                try:
+                    (self._insert if name == "submit" else self._cancel)(handle)
+                except Exception as e:  # a bug of ours: this job fails, the others go on
+                    self._fail(handle, f"internal error: {type(e).__name__}: {e}")
             if not self.gen.has_work():
                 self._wake.wait()
                 self._wake.clear()
@@ -141,13 +151,19 @@ class Engine:
             try:
                 responses = self.gen.step()
             except Exception as e:  # the model failed: every job in the batch fails with it
-                self._fail_all(f"generation failed: {type(e).__name__}: {e}")
+                self._fail_all(f"the model failed: {type(e).__name__}: {e}")
                 self.gen = self._generator()
                 continue
             self.metrics.prefill_tokens.inc(self.gen.stats.prompt_tokens - prefilled)
+            self._admitted()
             now = time.perf_counter()
             for response in responses:
-                self._respond(response, now)
+                try:
+                    self._respond(response, now)
+                except Exception as e:  # a bug of ours: this job fails, the others go on
+                    choice = self._choices.get(response.uid)
+                    if choice is not None:
+                        self._fail(choice.handle, f"internal error: {type(e).__name__}: {e}")
             self.metrics.running.set(len(self.gen.running))
 
     def _insert(self, handle: Handle) -> None:
@@ -164,11 +180,17 @@ class Engine:
             return
         for index, uid in enumerate(handle.uids):
             self._choices[uid] = _Choice(handle, index, StopStrings(job.stop), ToolCallText() if job.tools else None)
+        self._queued.append(handle)
         self.metrics.prompt_tokens.inc(len(job.prompt))
         handle.put("accepted")
 
+    def _admitted(self) -> None:
+        """Jobs whose rows have all joined the batch leave the queue."""
+        waiting = set(self.gen.waiting)
+        for handle in [h for h in self._queued if not any(uid in waiting for uid in h.uids)]:
+            self._leave_queue(handle)
+
     def _cancel(self, handle: Handle) -> None:
-        handle.cancelled = True
         for uid in handle.uids:
             if self._choices.pop(uid, None) is not None:
                 self.gen.cancel(uid)
@@ -177,18 +199,26 @@ class Engine:
         self.metrics.running.set(len(self.gen.running))
 
     def _leave_queue(self, handle: Handle) -> None:
+        if handle in self._queued:
+            self._queued.remove(handle)
         if handle.waiting:
             handle.waiting = False
             with self._lock:
                 self.queued -= 1
             self.metrics.queue.set(self.queued)
 
-    def _fail_all(self, message: str) -> None:
-        for uid, choice in list(self._choices.items()):
-            self.gen.cancel(uid)
-            self._leave_queue(choice.handle)
-            choice.handle.put(Event(choice.index, finish_reason="error", error=message))
-        self._choices.clear()
+    def _fail(self, handle: Handle, message: str, status: int = 500) -> None:
+        """End one job with an error: all its rows leave the batch."""
+        for uid in handle.uids:
+            if self._choices.pop(uid, None) is not None:
+                self.gen.cancel(uid)
+        self._leave_queue(handle)
+        handle.put(Event(0, finish_reason="error", error=message, status=status) if handle.uids
+                   else RequestError(message, status=status, type="server_error"))
+
+    def _fail_all(self, message: str, status: int = 500) -> None:
+        for handle in {id(c.handle): c.handle for c in self._choices.values()}.values():
+            self._fail(handle, message, status)
         while True:  # jobs submitted but not yet inserted
             try:
                 name, handle = self._commands.get_nowait()
@@ -203,15 +233,14 @@ class Engine:
         if choice is None:
             return
         handle = choice.handle
-        if handle.waiting:
-            self._leave_queue(handle)
+        if not handle.started:
+            handle.started = True
             self.metrics.time_to_first_token.observe(now - handle.submitted)
         elif choice.last is not None:
             self.metrics.inter_token_latency.observe(now - choice.last)
         choice.last = now
-        if r.finish_reason == "error":
-            del self._choices[r.uid]
-            handle.put(Event(choice.index, finish_reason="error", error=r.error, tokens=r.generation_tokens))
+        if r.finish_reason == "error":  # the whole job fails: its other choices leave too
+            self._fail(handle, r.error)
             return
         self.metrics.generation_tokens.inc()
         text, found = choice.stops.feed(r.text)

@@ -7,6 +7,7 @@ OpenAI's error shape and status 400 (404 for an unknown model).
 
 import json
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -86,16 +87,18 @@ class GrammarCache:
     def __init__(self, size: int = 64):
         self.size = size
         self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
+        self._lock = threading.Lock()  # requests are checked on several threads
 
     def get(self, key: tuple, build: Callable[[], Grammar]) -> Grammar:
-        grammar = self._grammars.get(key)
-        if grammar is None:
-            grammar = build()
-            self._grammars[key] = grammar
-            while len(self._grammars) > self.size:
-                self._grammars.popitem(last=False)
-        self._grammars.move_to_end(key)
-        return grammar
+        with self._lock:
+            grammar = self._grammars.get(key)
+            if grammar is None:
+                grammar = build()
+                self._grammars[key] = grammar
+                while len(self._grammars) > self.size:
+                    self._grammars.popitem(last=False)
+            self._grammars.move_to_end(key)
+            return grammar
 
 
 def parse(body, kind: str, ctx: Context) -> Job:
@@ -107,6 +110,8 @@ def parse(body, kind: str, ctx: Context) -> Job:
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r} in a {kind} request", unknown[0])
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError(f"model must be a string, got {model!r}"[:300], "model")
     if model is not None and model not in ctx.model_ids:
         raise RequestError(f"the model {model!r} does not exist; this server has {ctx.model_ids[0]!r}",
                            "model", status=404, code="model_not_found")
@@ -119,7 +124,7 @@ def parse(body, kind: str, ctx: Context) -> Job:
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or not stream):
         raise RequestError("stream_options must be an object, and only with stream: true", "stream_options")
-    include_usage = bool(options and _flag(options, "include_usage"))
+    include_usage = bool(options and _flag(options, "include_usage", "stream_options.include_usage"))
 
     tools, tool_mode, forced = None, "none", None
     if kind == "chat":
@@ -134,9 +139,9 @@ def parse(body, kind: str, ctx: Context) -> Job:
 
     max_tokens = _max_tokens(body, kind, len(prompt), ctx)
     logprobs = _logprobs(body, kind)
-    grammar = _grammar(body, ctx, tools if tool_mode == "required" else None, forced)
+    grammar, constraint = _grammar(body, ctx, tools if tool_mode == "required" else None, forced)
     n = check_field("n", body.get("n", 1), lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
-    params = _sampling(body, grammar, logprobs, ctx)
+    params = _sampling(body, grammar, constraint, logprobs, ctx)
     if params.seed is not None and n > 1:  # choice i draws with seed + i: the choices differ
         choices = [replace(params, seed=(params.seed + i) % 2**32) for i in range(n)]
     else:
@@ -153,11 +158,21 @@ def check_field(name: str, value, check: Callable):
         raise RequestError(str(e), name) from None
 
 
-def _flag(body: dict, name: str) -> bool:
+def _flag(body: dict, name: str, param: str | None = None) -> bool:
     value = body.get(name, False)
     if not isinstance(value, bool):
-        raise RequestError(f"{name} must be true or false, got {value!r}", name)
+        raise RequestError(f"{param or name} must be true or false, got {value!r}", param or name)
     return value
+
+
+def encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+    """`text`'s token ids; text that is not Unicode (a lone surrogate, which JSON's \\ud800
+    escapes can carry) is a `RequestError` naming `param`."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{param} is not valid Unicode text: {e.reason} at character {e.start}", param) from None
+    return tokenizer.encode(text)
 
 
 def _text_content(content, where: str) -> str:
@@ -210,7 +225,7 @@ def _chat_prompt(messages, tools: list[dict] | None, ctx: Context) -> list[int]:
                                              tools=tools if takes_tools else None)
     except Exception as e:  # the template's own raise_exception, or a Jinja error
         raise RequestError(f"the chat template cannot render these messages: {e}", "messages") from None
-    return _checked_prompt(tokenizer.encode(text), ctx)
+    return _checked_prompt(encode(tokenizer, text, "messages"), ctx)
 
 
 def _template_call(call: dict) -> dict:
@@ -231,7 +246,7 @@ def _completion_prompt(prompt, ctx: Context) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise RequestError("prompt is empty", "prompt")
-        return _checked_prompt(ctx.tokenizer.encode(prompt), ctx)
+        return _checked_prompt(encode(ctx.tokenizer, prompt, "prompt"), ctx)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         outside = [t for t in prompt if not 0 <= t < ctx.vocab_size]
         if outside:
@@ -300,9 +315,10 @@ def _stop(stop) -> list[str]:
     return stops
 
 
-def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None, forced_name: str | None) -> Grammar | None:
+def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None,
+             forced_name: str | None) -> tuple[Grammar | None, str | None]:
     """The grammar of `response_format`, a forced tool call, or the `grammar` / `regex` /
-    `json_schema` extensions (at most one of them)."""
+    `json_schema` extensions (at most one of them), and the field it came from."""
     given = []
     fmt = body.get("response_format")
     if fmt is not None:
@@ -325,7 +341,7 @@ def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None, forced_n
     if len(given) > 1:
         raise RequestError(f"{given[0][0]} and {given[1][0]} each constrain the output; send one", given[1][0])
     if not given:
-        return None
+        return None, None
     param, kind, value = given[0]
     if kind == "tools":
         key = ("tools", json.dumps(forced_tools, sort_keys=True), forced_name)
@@ -347,10 +363,11 @@ def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None, forced_n
         raise RequestError(f"{param}: {e}", param) from None
     if grammar.matches_only_empty():
         raise RequestError(f"{param} allows only the empty text: nothing to generate", param)
-    return grammar
+    return grammar, param
 
 
-def _sampling(body: dict, grammar: Grammar | None, logprobs: int | None, ctx: Context) -> SamplingParams:
+def _sampling(body: dict, grammar: Grammar | None, constraint: str | None, logprobs: int | None,
+              ctx: Context) -> SamplingParams:
     values = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
     values.setdefault("temperature", 1.0)  # OpenAI's default
     if body.get("samplers") is not None and body.get("order") is not None:
@@ -373,7 +390,9 @@ def _sampling(body: dict, grammar: Grammar | None, logprobs: int | None, ctx: Co
     except (ValueError, TypeError) as e:
         message = str(e)
         param = next((name for name in sorted(values, key=len, reverse=True) if message.startswith(name)), None)
-        raise RequestError(message, "samplers" if param == "order" and "samplers" in body else param) from None
+        # The request's own name for the field: `samplers`, or where the grammar came from.
+        param = {"order": "samplers" if "samplers" in body else "order", "grammar": constraint}.get(param, param)
+        raise RequestError(message, param) from None
     return params
 
 
@@ -383,10 +402,9 @@ def _logit_bias(bias) -> dict[int, float]:
         raise RequestError(f"logit_bias must be an object of token id to bias, got {bias!r}", "logit_bias")
     out = {}
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise RequestError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise RequestError(f"logit_bias keys must be token ids (digits), got {key!r}", "logit_bias")
+        token = int(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
             raise RequestError(f"logit_bias for token {key} must be a number in [-100, 100], got {value!r}",
                                "logit_bias")

@@ -80,21 +80,46 @@ def check_tool_choice(choice, tools: list[dict] | None) -> tuple[str, str | None
 
 def tool_call_grammar(tools: list[dict], name: str | None = None) -> Grammar:
     """Exactly one call block whose JSON names one of `tools` (or `name`) and whose
-    arguments validate against that function's `parameters` schema."""
+    arguments validate against that function's `parameters` schema; JSON on one line."""
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    # Each function's parameters move under the document's $defs; their local references
+    # ('#', '#/$defs/...', any '#/...') are rewritten to point where the schema now is.
+    definitions = {f"tool-{i}": _moved(f.get("parameters", {"type": "object"}), f"#/$defs/tool-{i}")
+                   for i, f in enumerate(chosen)}
     calls = [{
         "type": "object",
-        "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters", {"type": "object"})},
+        "properties": {"name": {"const": f["name"]}, "arguments": {"$ref": f"#/$defs/tool-{i}"}},
         "required": ["name", "arguments"],
         "additionalProperties": False,
-    } for f in chosen]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    body = json_schema_to_gbnf(schema)
+    } for i, f in enumerate(chosen)]
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "$defs": definitions}
+    body = json_schema_to_gbnf(schema, compact=True)
     wrapper = "tool-call-block"
     while f"\n{wrapper} ::=" in f"\n{body}":
         wrapper += "-x"
     text = f"{body}\n{wrapper} ::= {json.dumps(TOOL_CALL_OPEN + chr(10))} root {json.dumps(chr(10) + TOOL_CALL_CLOSE)}\n"
     return Grammar(text, root=wrapper)
+
+
+# Keywords whose values are data, not schemas: a "$ref" inside them is not a reference.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def _moved(schema, base: str):
+    """`schema` with every local `$ref` made relative to `base` (where it is moved to)."""
+    if isinstance(schema, list):
+        return [_moved(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = _moved(value, base)
+    return out
 
 
 def tools_preamble(tools: list[dict]) -> str:
