@@ -2,7 +2,8 @@
 """Serving speed: `tiny-llm serve` against `mlx_lm.server`, same model, same requests, over HTTP.
 
     python scripts/bench_serve.py [--quick] [--requests 32] [--max-tokens 64] [--concurrency 1,4,8]
-        [--max-batch-size 8] [--repeats 3] [--only tiny|mlx] [--json out.json]
+        [--seeds both|no|yes] [--max-batch-size 8] [--short-prompts] [--mlx-prompt-cache-size N]
+        [--only tiny|mlx] [--timeout 900] [--start-timeout 120] [--repeats 3] [--json out.json]
 
 (`make bench-serve` runs it with the defaults.) The script starts both OpenAI-compatible
 servers side by side on 127.0.0.1 (free ports), on the default model converted for mlx-lm
@@ -134,19 +135,19 @@ class Server:
         return f"no 200 from GET /health within {timeout:g} s"
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the server's process group, then (after at most 10 s) SIGKILL to whatever
+        is left of it."""
+        if self.proc is None:
             return
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
-                return
+                break  # the group is gone
             try:
                 self.proc.wait(wait)
-                return
             except subprocess.TimeoutExpired:
-                continue
+                pass
 
 
 def make_servers(args, model_dir: Path, log_dir: Path) -> dict[str, Server]:
@@ -479,7 +480,9 @@ def main(argv=None) -> int:
     model_dir = resolve(args.model)
     eos_ids = Tokenizer.from_directory(model_dir).eos_token_ids
 
-    # SIGTERM (a CI timeout) unwinds like Ctrl-C, so the servers are stopped.
+    # Ctrl-C (also when started with SIGINT ignored) and SIGTERM (a CI timeout) unwind, so the
+    # servers are stopped.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as log_dir:
         servers = make_servers(args, model_dir, Path(log_dir))
@@ -529,4 +532,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the servers are stopped by then
+        print("bench_serve: interrupted", file=sys.stderr)
+        sys.exit(130)
