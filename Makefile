@@ -20,8 +20,8 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --max-tokens $(MAX_TOKENS) --verbose
 
-# Two processes share the tests (pytest-xdist); the tests of one live server run in one of
-# them (--dist loadgroup). The 15 slowest are listed at the end.
+# Two processes share the tests (pytest-xdist); the tests that share one live server run in
+# one of them (--dist loadgroup). The 15 slowest are listed at the end.
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 

@@ -24,7 +24,7 @@ from tiny_llm.batch import BatchGenerator
 from tiny_llm.constrain.tokens import token_bytes
 from tiny_llm.sampler import SamplingParams
 
-pytestmark = pytest.mark.xdist_group("serve")
+pytestmark = pytest.mark.xdist_group("serve-tiny")
 
 NAME = "tiny-served"
 EOS = {"2": -100}  # ban the end-of-sequence token: replies run to max_tokens
