@@ -23,7 +23,6 @@ from starlette.routing import Route
 from ..batch import TokenLogprobs
 from ..constrain.tokens import token_bytes
 from .engine import Engine, Event, Handle, QueueFull
-from .metrics import Metrics
 from .protocol import Context, Job, RequestError, encode, parse
 
 MAX_BODY_BYTES = 4 << 20
