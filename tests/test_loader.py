@@ -317,3 +317,46 @@ def test_an_unreadable_conversion_stamp_converts_again(tmp_path, monkeypatch):
     model, _ = tiny_llm.load(str(gguf))
     assert json.loads(stamp.read_text())["version"]  # written anew by the conversion
     close(model(TOKENS), ref(TOKENS), atol=2e-4)
+
+
+
+def test_loads_of_one_gguf_at_once_convert_it_once(tmp_path, monkeypatch):
+    """Three loads of the same unconverted GGUF file at once (test workers or ranks on one
+    machine do this) all get the model: one converts, the others wait for its directory
+    instead of converting over it while it is being read. The lock is a file lock, so
+    threads here stand for processes."""
+    import threading
+    import time
+
+    import tiny_llm.loader as loader
+
+    monkeypatch.setenv("TINY_LLM_CACHE", str(tmp_path / "cache"))
+    config = TINY_CONFIGS["llama-tied"]
+    ref = reference_model(config, seed=13)
+    gguf = write_gguf(tmp_path / "tiny.gguf", config, model_weights(ref))
+    conversions = []
+    real_config = loader._gguf_config
+
+    def slow_config(meta, tensors):  # a conversion long enough for the others to arrive
+        conversions.append(1)
+        time.sleep(0.3)
+        return real_config(meta, tensors)
+
+    monkeypatch.setattr(loader, "_gguf_config", slow_config)
+    results, errors = [], []
+
+    def load():
+        try:
+            results.append(tiny_llm.load(str(gguf))[0])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and len(results) == 3
+    assert len(conversions) == 1
+    for model in results:
+        close(model(TOKENS), ref(TOKENS), atol=2e-4)

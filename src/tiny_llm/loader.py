@@ -4,6 +4,8 @@ GGUF files are converted once into a cache directory in mlx-lm's format, so that
 `tiny_llm.load` and `mlx_lm.load` read the very same files.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -224,7 +226,28 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
     stamp = out_dir / "tiny-llm-conversion.json"
     if _stamp_version(stamp) == CONVERTER_VERSION:
         return out_dir
+    # Processes that load the same file at once (test workers, ranks) convert it once: the
+    # others wait here and then read the finished directory.
+    with _locked(out_dir.parent / (out_dir.name + ".lock")):
+        if _stamp_version(stamp) == CONVERTER_VERSION:
+            return out_dir
+        _convert(gguf, out_dir)
+    return out_dir
 
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Hold an exclusive lock on `path` (created if missing) for the `with` block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert(gguf: Path, out_dir: Path) -> None:
     print(f"Converting {gguf.name} into {out_dir} (only once)...", file=sys.stderr, flush=True)
     try:
         tensors, meta = mx.load(str(gguf), return_metadata=True)
@@ -236,7 +259,6 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
         config["quantization"] = quantization
     tokenizer = Tokenizer.from_gguf_metadata(meta)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -251,7 +273,6 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"Converted {len(weights)} tensors.", file=sys.stderr, flush=True)
-    return out_dir
 
 
 def _stamp_version(stamp: Path):
