@@ -93,10 +93,14 @@ def test_a_streamed_reply_equals_the_whole_one_and_usage_counts_tokens(client, d
     assert text == choice.message.content and text
     assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in choice.logprobs.content]
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
-    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (whole.usage.prompt_tokens, whole.usage.completion_tokens)
     prompt = default_tokenizer.encode(default_tokenizer.apply_chat_template(messages))
     assert whole.usage.prompt_tokens == len(prompt)
+    # The second time, the prefix cache holds the whole prompt: all but its last token (whose
+    # logits are needed) come from there, and the reply is the same.
+    assert usage.prompt_tokens_details.cached_tokens == len(prompt) - 1
     assert choice.finish_reason == "length" and whole.usage.completion_tokens == 12 == len(choice.logprobs.content)
     assert b"".join(bytes(e.bytes) for e in choice.logprobs.content).decode() == text
     # The same tokens and log-probabilities as the engine in this process.
@@ -150,7 +154,10 @@ def test_n_choices_share_one_prefill_and_each_follows_its_seed(client, tiny):
     before = tiny.metric("tiny_llm_prefill_tokens_total")
     kw = dict(model=NAME, messages=messages, max_tokens=6, temperature=1.0, logit_bias=EOS)
     reply = client.chat.completions.create(n=3, seed=11, **kw)
-    assert tiny.metric("tiny_llm_prefill_tokens_total") - before == reply.usage.prompt_tokens
+    # The three choices prefill once; what earlier requests left in the prefix cache (the
+    # chat template's start) is not prefilled at all.
+    cached = reply.usage.prompt_tokens_details.cached_tokens
+    assert tiny.metric("tiny_llm_prefill_tokens_total") - before == reply.usage.prompt_tokens - cached
     assert reply.usage.completion_tokens == 18
     texts = [c.message.content for c in sorted(reply.choices, key=lambda c: c.index)]
     for i, text in enumerate(texts):  # choice i draws as a request with seed 11 + i

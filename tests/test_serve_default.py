@@ -31,7 +31,9 @@ def test_a_chat_turn_whole_and_streamed(client, default_tokenizer):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert "Paris" in text  # the real model's greedy answer
     prompt = default_tokenizer.encode(default_tokenizer.apply_chat_template(messages))
-    assert whole.usage.prompt_tokens == len(prompt) and chunks[-1].usage == whole.usage
+    assert whole.usage.prompt_tokens == len(prompt) == chunks[-1].usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == len(prompt) - 1  # the prefix cache
     finish = whole.choices[0].finish_reason
     assert (finish, whole.usage.completion_tokens) == ("length", 10) or (
         finish == "stop" and whole.usage.completion_tokens <= 10)

@@ -22,9 +22,11 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
-from .model import Model, check_context, prefill, prompt_array, vocab_size
+from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE
 from .kv_cache import BatchKVCache
+from .model import Model, check_context, prefill, prompt_array, vocab_size
+from .paged_cache import BlockTable, PagedKVCache, PagePool, check_page_size, paged_cache_implemented, paged_views
+from .prefix_cache import PrefixCache, check_budget, prefix_cache_implemented
 from .sampler import Sampler, SamplingParams
 from .sampler.checks import RowError, check_int
 from .tokenizer import StreamingDetokenizer, Tokenizer
@@ -45,6 +47,7 @@ class BatchResponse:
     finish_reason: str | None
     error: str | None = None
     logprobs: "TokenLogprobs | None" = None  # for requests inserted with logprobs=True
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache (not prefilled)
 
 
 @dataclass(frozen=True)
@@ -59,9 +62,11 @@ class TokenLogprobs:
 
 @dataclass
 class BatchStats:
-    """Totals over every request so far; rates are tokens per second, memory in GB."""
+    """Totals over every request so far; rates are tokens per second, memory in GB.
+    `prompt_tokens` were prefilled; `cached_tokens` more came from the prefix cache."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     prompt_time: float = 0.0
     generation_tokens: int = 0
     generation_time: float = 0.0
@@ -97,6 +102,8 @@ class _Request:
     history: list[int] = field(default_factory=list)  # prompt and generated tokens
     generated: int = 0
     logprobs: bool = False  # report each token's TokenLogprobs
+    table: BlockTable | None = None  # its pages, when the batch runs on a paged cache
+    cached_tokens: int = 0  # prompt tokens its table took from the prefix cache
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad: int = 0) -> tuple[mx.array, list[int]]:
@@ -121,19 +128,35 @@ def distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[in
 class BatchGenerator:
     """Continuous batching over one model: `insert` requests, call `step` until
     `has_work()` is False. At most `max_batch_size` requests decode together; the others
-    wait and join as rows finish."""
+    wait and join as rows finish.
+
+    `paged`: keep keys and values in pages of `page_size` positions (week 3 day 2), so a
+    row holds its own length, not the longest row's; None (the default) pages once that
+    day is implemented. On pages, a `prefix_cache_bytes` budget (week 3 day 3; 0 turns it
+    off) keeps the pages of earlier requests, and a request whose prompt starts like one of
+    them prefills only the rest."""
 
     def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int = MAX_BATCH_SIZE,
-                 prefill_step_size: int = PREFILL_STEP_SIZE):
+                 prefill_step_size: int = PREFILL_STEP_SIZE, paged: bool | None = None,
+                 page_size: int = PAGE_SIZE, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         self.prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
+        check_page_size(page_size)
+        check_budget(prefix_cache_bytes)
+        if paged not in (None, True, False):
+            raise ValueError(f"paged must be True, False or None, got {paged!r}")
+        if paged is None:
+            paged = paged_cache_implemented()
+        self.pool = PagePool(page_size) if paged else None
+        self.prefix_cache = (PrefixCache(self.pool, prefix_cache_bytes)
+                             if paged and prefix_cache_bytes and prefix_cache_implemented() else None)
         self.stats = BatchStats()
         self._eos = tokenizer.eos_token_ids
         self._waiting: deque[_Request] = deque()
         self._rows: list[_Request] = []  # the running batch, in cache-row order
-        self._cache: list[BatchKVCache] | None = None
+        self._cache: list[BatchKVCache] | list[PagedKVCache] | None = None
         self._sampler: Sampler | None = None
         self._logits: mx.array | None = None  # [rows, V]: each running row's next-token logits
         self._next_uid = 0
@@ -186,7 +209,7 @@ class BatchGenerator:
         if not self._rows:
             return []
         start = time.perf_counter()
-        failed = []
+        failed, running = [], list(self._rows)
         while True:
             try:
                 responses = failed + self._with_logprobs(self._decode())
@@ -198,11 +221,28 @@ class BatchGenerator:
                                             f"request {r.uid}: {e.reason}"))
                 self._remove(e.row)
                 if not self._rows:
-                    return failed
+                    responses = failed
+                    break
+        self._release_finished(running)
         self.stats.generation_time += time.perf_counter() - start
         self.stats.generation_tokens += len(responses)
         self.stats.peak_memory = max(self.stats.peak_memory, mx.get_peak_memory() / 1e9)
+        if self.pool is not None:
+            cached = {r.uid: r.cached_tokens for r in running}
+            responses = [replace(x, cached_tokens=cached.get(x.uid, 0)) for x in responses]
         return responses
+
+    def _release_finished(self, rows: list[_Request]) -> None:
+        """Give back the pages of those of `rows` that have left the batch (the prefix cache
+        keeps what its budget allows)."""
+        staying = {id(r) for r in self._rows}
+        for r in rows:
+            if id(r) not in staying and r.table is not None:
+                if self.prefix_cache is not None:
+                    self.prefix_cache.release(r.table, r.history)
+                else:
+                    r.table.release()
+                r.table = None
 
     def cancel(self, uid: int) -> bool:
         """Take request `uid` out of the queue or the running batch (a client that went
@@ -214,6 +254,7 @@ class BatchGenerator:
         for b, r in enumerate(self._rows):
             if r.uid == uid:
                 self._remove(b)
+                self._release_finished([r])
                 return True
         return False
 
@@ -254,6 +295,8 @@ class BatchGenerator:
     def _admit(self) -> None:
         """Prefill as many waiting requests as there are free rows, as one left-padded
         batch, and add them to the running batch."""
+        if self.pool is not None:
+            return self._admit_paged()
         # BEGIN SOLUTION week2-day4
         start = time.perf_counter()
         free = self.max_batch_size - len(self._rows)
@@ -276,7 +319,40 @@ class BatchGenerator:
         self.stats.prompt_time += time.perf_counter() - start
         # END SOLUTION
 
-    def _join(self, new: list[_Request], cache: list[BatchKVCache], sampler: Sampler,
+    def _admit_paged(self) -> None:
+        """Prefill waiting requests into free rows, each into its own pages: what the prefix
+        cache holds of a prompt is taken from it, equal prompts share pages (the first
+        write copies a shared page), and each prompt's full pages are cached at once, so a
+        request admitted next to one with the same system prompt reuses it."""
+        start = time.perf_counter()
+        free = self.max_batch_size - len(self._rows)
+        new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        layers, first, rows = len(self.model.layers), {}, []
+        for r in new:
+            twin = first.get(tuple(r.prompt))
+            if twin is not None:  # the same prompt: the same pages and logits
+                r.table, r.cached_tokens = new[twin].table.fork(), new[twin].cached_tokens
+                rows.append(rows[twin])
+                continue
+            first[tuple(r.prompt)] = len(rows)
+            r.table = self.prefix_cache.lookup(r.prompt) if self.prefix_cache else BlockTable(self.pool)
+            r.cached_tokens = r.table.length
+            cache = paged_views(self.pool, layers, [r.table])
+            rows.append(prefill(self.model, mx.array(r.prompt[r.table.length:])[None], cache, self.prefill_step_size))
+            mx.eval(rows[-1])
+            if self.prefix_cache is not None:
+                self.prefix_cache.insert(r.table, r.prompt, full_pages_only=True)
+            self.stats.prompt_tokens += len(r.prompt) - r.cached_tokens
+            self.stats.cached_tokens += r.cached_tokens
+        cache = paged_views(self.pool, layers, [r.table for r in new])
+        logits, sampler = mx.concatenate(rows), Sampler.concat([r.sampler for r in new])
+        if self._rows:
+            self._join(new, cache, sampler, logits)
+        else:
+            self._rows, self._cache, self._sampler, self._logits = new, cache, sampler, logits
+        self.stats.prompt_time += time.perf_counter() - start
+
+    def _join(self, new: list[_Request], cache: list[BatchKVCache] | list[PagedKVCache], sampler: Sampler,
               logits: mx.array) -> None:
         """Append freshly prefilled rows to the running batch."""
         # BEGIN SOLUTION week2-day5
@@ -325,10 +401,14 @@ def batch_generate(
     params: SamplingParams | Sequence[SamplingParams] | None = None,
     prefill_step_size: int = PREFILL_STEP_SIZE,
     max_batch_size: int | None = None,
+    paged: bool | None = None,
+    page_size: int = PAGE_SIZE,
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
 ) -> BatchResult:
     """Generate for every prompt, all in one batch (or `max_batch_size` rows at a time),
     each with its own `max_tokens` and `params` (one for all, or one per prompt; None:
-    greedy). Rows finish independently."""
+    greedy). Rows finish independently. `paged`, `page_size` and `prefix_cache_bytes` are
+    `BatchGenerator`'s."""
     if not isinstance(prompts, Sequence) or isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings or token-id lists")
     n = len(prompts)
@@ -338,7 +418,8 @@ def batch_generate(
         if len(values) != n:
             raise ValueError(f"{name} has {len(values)} entries for {n} prompts")
     gen = BatchGenerator(model, tokenizer, max_batch_size=n if max_batch_size is None else max_batch_size,
-                         prefill_step_size=prefill_step_size)
+                         prefill_step_size=prefill_step_size, paged=paged, page_size=page_size,
+                         prefix_cache_bytes=prefix_cache_bytes)
     for i, (prompt, limit, p) in enumerate(zip(prompts, limits, plist)):
         try:
             gen.insert(prompt, limit, p)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_QUEUE, MAX_TOKENS, NUM_DRAFT_TOKENS,
-                       PREFILL_STEP_SIZE, TEMPERATURE)
+from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_QUEUE, MAX_TOKENS, NUM_DRAFT_TOKENS, PAGE_SIZE,
+                       PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE)
 from .progress import missing_day
 
 
@@ -45,6 +45,9 @@ class _PrefillProgress:
         return getattr(self.model, name)
 
     def __call__(self, tokens, *args, **kwargs):
+        cache = kwargs.get("cache", args[0] if args else None)
+        if self.start is None and not self.sent and cache:  # a prefix cache may hold the start already
+            self.total -= cache[0].offset
         if self.sent < self.total:  # the chunks before this one have been evaluated
             now = time.perf_counter()
             self.start = self.start or now
@@ -77,6 +80,44 @@ def _add_prefill_option(parser: argparse.ArgumentParser) -> None:
                         help=f"prefill the prompt in chunks of this many tokens (default {PREFILL_STEP_SIZE} "
                              f"on a GPU; {CPU_PREFILL_STEP_SIZE} on the CPU, where a token of prefill takes a "
                              f"tenth of a second or more and Ctrl-C acts between chunks)")
+
+
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _byte_count(text: str) -> int:
+    """`--prefix-cache-bytes`: a count of bytes, or with a K, M or G suffix (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*", text, re.I)
+    if not m or (m[2] == "" and "." in m[1]):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes such as 1073741824, 512M or 1G "
+                                         f"(0 turns the cache off), got {text!r}")
+    return int(float(m[1]) * _BYTE_UNITS[m[2].upper()])
+
+
+def _add_cache_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--page-size", type=int, default=PAGE_SIZE,
+                        help=f"positions per page of the paged KV cache (default {PAGE_SIZE})")
+    parser.add_argument("--prefix-cache-bytes", type=_byte_count, default=PREFIX_CACHE_BYTES, metavar="SIZE",
+                        help="keep up to this much of finished requests' keys and values, so that prompts "
+                             "starting alike are prefilled once (e.g. 512M; default 1G; 0: off)")
+
+
+def _check_cache_options(args: argparse.Namespace) -> None:
+    if args.page_size < 1:
+        raise UserError(f"--page-size must be a positive integer, got {args.page_size}")
+
+
+def _prefix_cache(args: argparse.Namespace):
+    """The prefix cache `chat` keeps across turns, or None when it is off (or its days, week
+    3 days 2 and 3, are not done yet, or the KV cache is off)."""
+    from .paged_cache import PagePool, paged_cache_implemented
+    from .prefix_cache import PrefixCache, prefix_cache_implemented
+
+    if not args.prefix_cache_bytes or not _kv_cache(args):
+        return None
+    if not paged_cache_implemented() or not prefix_cache_implemented():
+        return None
+    return PrefixCache(PagePool(args.page_size), args.prefix_cache_bytes)
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
@@ -287,8 +328,10 @@ def _print_stats(response, sampler=None) -> None:
         ms = 1000 * sampler.stats.seconds / sampler.stats.draws
         print(f"sampling: {sampler.stats.draws} draws, {sampler.stats.seconds:.3f} s in total, "
               f"{ms:.2f} ms per draw", file=sys.stderr)
+    cached = (f" ({response.cached_tokens} from the prefix cache, "
+              f"{response.prompt_tokens - response.cached_tokens} prefilled)" if response.cached_tokens else "")
     print(
-        f"prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.1f} tokens/s, "
+        f"prompt: {response.prompt_tokens} tokens{cached}, {response.prompt_tps:.1f} tokens/s, "
         f"first token after {response.time_to_first_token:.2f} s\n"
         f"generation: {response.generation_tokens} tokens, {response.generation_tps:.1f} tokens/s\n"
         f"peak memory: {response.peak_memory:.3f} GB",
@@ -297,7 +340,7 @@ def _print_stats(response, sampler=None) -> None:
 
 
 def _stream(model, tokenizer, prompt: list[int], args, *, sampler, pieces: list[str] | None = None,
-            speculative=None):
+            speculative=None, prefix_cache=None):
     """Print the reply as it is produced; return (reply text, last response). The text so
     far is also appended to `pieces`, so that it survives a Ctrl-C. `speculative`: the
     keyword arguments of speculative decoding, with `sampler` then a SamplingParams."""
@@ -309,7 +352,7 @@ def _stream(model, tokenizer, prompt: list[int], args, *, sampler, pieces: list[
     model = _PrefillProgress(model, len(prompt), sys.stderr.isatty(), args.verbose)
     for response in stream_generate(model, tokenizer, prompt, args.max_tokens, params=sampler,
                                     prefill_step_size=args.prefill_step_size, kv_cache=kv_cache,
-                                    **(speculative or {})):
+                                    prefix_cache=prefix_cache, **(speculative or {})):
         print(response.text, end="", flush=True)
         pieces.append(response.text)
         last = response
@@ -448,9 +491,11 @@ def _check_speculative(args: argparse.Namespace, params) -> dict | None:
 
 def _chat(args: argparse.Namespace) -> None:
     params = _sampling(args)
+    _check_cache_options(args)
     model, tokenizer = _load(args)
     _check_vocabulary(params, model)
     sampler = _make_sampler(args, tokenizer)  # one sampler: its seed stream runs across turns
+    prefix_cache = _prefix_cache(args)  # each turn prefills only what the last one did not hold
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a message and press Enter. Ctrl-C stops a reply, Ctrl-D leaves.", file=sys.stderr)
@@ -481,7 +526,8 @@ def _chat(args: argparse.Namespace) -> None:
         pieces, last = [], None
         sampler.reset_grammar()  # every reply follows the grammar from its start
         try:
-            _, last = _stream(model, tokenizer, prompt, args, sampler=sampler, pieces=pieces)
+            _, last = _stream(model, tokenizer, prompt, args, sampler=sampler, pieces=pieces,
+                              prefix_cache=prefix_cache)
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         print()
@@ -577,10 +623,12 @@ def _batch(args: argparse.Namespace) -> int:
         raise UserError(f"--max-tokens must be a positive integer for batch, got {args.max_tokens}")
     if args.max_batch_size < 1:
         raise UserError(f"--max-batch-size must be a positive integer, got {args.max_batch_size}")
+    _check_cache_options(args)
     requests = _read_requests(args, _sampling(args))
     model, tokenizer = _load(args)
     gen = BatchGenerator(model, tokenizer, max_batch_size=args.max_batch_size,
-                         prefill_step_size=args.prefill_step_size)
+                         prefill_step_size=args.prefill_step_size, page_size=args.page_size,
+                         prefix_cache_bytes=args.prefix_cache_bytes)
     for i, (prompt, max_tokens, params) in enumerate(requests):
         text = _messages_text(tokenizer, args, [{"role": "user", "content": prompt}])
         try:
@@ -615,7 +663,8 @@ def _batch(args: argparse.Namespace) -> int:
         print("\r\033[K", end="", file=sys.stderr)
     if args.verbose:
         s = gen.stats
-        print(f"prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tokens/s\n"
+        cached = f" ({s.cached_tokens} more from the prefix cache)" if s.cached_tokens else ""
+        print(f"prompt: {s.prompt_tokens} tokens prefilled{cached}, {s.prompt_tps:.1f} tokens/s\n"
               f"generation: {s.generation_tokens} tokens, {s.generation_tps:.1f} tokens/s\n"
               f"peak memory: {s.peak_memory:.3f} GB", file=sys.stderr)
     return 1 if failed else 0  # every request was answered, but not all of them well
@@ -646,6 +695,7 @@ def _serve(args: argparse.Namespace) -> None:
                             f", got {value}")
     if args.api_key is not None and not args.api_key.strip():
         raise UserError("--api-key is empty")
+    _check_cache_options(args)
     try:  # a clear message now rather than uvicorn's log line after the model has loaded
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -662,7 +712,8 @@ def _serve(args: argparse.Namespace) -> None:
     server = build(model, tokenizer, model_ids=tuple(dict.fromkeys([name, args.model])),
                    max_batch_size=args.max_batch_size, max_queue=args.max_queue,
                    prefill_step_size=_prefill_step(args), api_key=args.api_key,
-                   max_prompt_tokens=args.max_prompt_tokens)
+                   max_prompt_tokens=args.max_prompt_tokens, page_size=args.page_size,
+                   prefix_cache_bytes=args.prefix_cache_bytes)
     print(f"tiny-llm serve: {name} on http://{args.host}:{args.port} (chat page at /, API at /v1; "
           f"up to {args.max_batch_size} requests decode together); Ctrl-C stops", file=sys.stderr, flush=True)
 
@@ -705,6 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = commands.add_parser("chat", help="an interactive conversation")
     _add_model_options(chat)
     _add_sampling_options(chat)
+    _add_cache_options(chat)
     chat.set_defaults(run=_chat)
 
     batch = commands.add_parser("batch", help="generate for many prompts at once (continuous batching)")
@@ -715,6 +767,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"most requests decoding together; the others wait (default {MAX_BATCH_SIZE})")
     _add_model_options(batch)
     _add_sampling_options(batch)
+    _add_cache_options(batch)
     batch.set_defaults(run=_batch)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (continuous batching)")
@@ -734,6 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "model directory's name)")
     _add_model_options(serve, generation=False)
     _add_prefill_option(serve)
+    _add_cache_options(serve)
     serve.set_defaults(run=_serve)
 
     smoke = commands.add_parser("smoke", help="run the model once and show the next-token distribution")

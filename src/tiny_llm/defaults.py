@@ -18,3 +18,9 @@ MAX_BATCH_SIZE = 8  # requests that decode together in a BatchGenerator
 TEMPERATURE = 0.0
 
 MAX_QUEUE = 64  # requests `tiny-llm serve` keeps waiting for a row before it answers 503
+
+# Positions per page of the paged KV cache (week 3 day 2): vLLM's default block size.
+PAGE_SIZE = 16
+# Bytes of keys and values the prefix cache keeps for requests that have finished (week 3
+# day 3); pages in use do not count. 0 turns the prefix cache off.
+PREFIX_CACHE_BYTES = 1 << 30

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
-from .model import Cache, CachedModel, check_context, prefill, prompt_array
+from .model import Cache, CachedModel, Model, check_context, prefill, prompt_array
 from .progress import implemented
 from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
-if TYPE_CHECKING:  # week 3 day 1 loads only when speculative decoding is asked for
+if TYPE_CHECKING:  # week 3 loads only when speculative decoding or the prefix cache is asked for
+    from .prefix_cache import PrefixCache
     from .speculative import SpeculativeStats
 
 # Week 1's loop runs any function of `tokens [B, L]` to logits `[B, L, V]`; the cached loop
@@ -34,7 +35,8 @@ class GenerationResponse:
     `logprobs [V]` are the model's log-probabilities for this step, after the logits
     processors and before the sampler's filters. Rates are tokens per second; `peak_memory`
     is in GB. `finish_reason` is `"stop"` (an end-of-sequence token), `"length"`
-    (`max_tokens` reached) or None while generation goes on.
+    (`max_tokens` reached) or None while generation goes on. Of the `prompt_tokens`,
+    `cached_tokens` came from a prefix cache; `prompt_tps` counts the others.
     """
 
     text: str
@@ -48,6 +50,7 @@ class GenerationResponse:
     generation_tps: float
     peak_memory: float
     finish_reason: str | None = None
+    cached_tokens: int = 0
 
 
 def generate_step(
@@ -183,6 +186,7 @@ def stream_generate(
     prompt_lookup: bool = False,
     num_draft_tokens: int = NUM_DRAFT_TOKENS,
     speculative_stats: "SpeculativeStats | None" = None,
+    prefix_cache: "PrefixCache | None" = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -199,6 +203,10 @@ def stream_generate(
     exactly the distribution they would have without speculation; `from_draft` tells which
     came from the drafter. `speculative_stats` (a `SpeculativeStats`) collects the
     acceptance counts.
+
+    `prefix_cache` (a `tiny_llm.prefix_cache.PrefixCache`, week 3 day 3): the prompt's
+    start is taken from the pages of earlier generations, only the rest is prefilled, and
+    the pages of this one are kept for later ones (a chat passes one cache to every turn).
     """
     max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
     if max_tokens == 0:
@@ -206,6 +214,22 @@ def stream_generate(
     prompt = prompt_array(prompt, tokenizer)
     cached = prompt_cache[0].offset if prompt_cache else 0  # positions the cache holds already
     max_tokens = check_context(model, cached + prompt.size, max_tokens)
+    table, reused = None, 0  # with a prefix cache: the prompt's pages, and how many positions were found
+    if prefix_cache is not None:
+        if prompt_cache is not None or kv_cache is False or draft_model is not None or prompt_lookup:
+            raise ValueError("prefix_cache makes the cache itself: it does not combine with prompt_cache, "
+                             "kv_cache=False or speculative decoding")
+        if not isinstance(model, Model):
+            raise ValueError("prefix_cache needs a model with layers and make_cache() (tiny_llm.model.Model)")
+        from .paged_cache import paged_views
+
+        table = prefix_cache.lookup(prompt.tolist())
+        reused = table.length
+        prompt_cache = paged_views(prefix_cache.pool, len(model.layers), [table])
+        if logits_processors:  # they see the whole history, also the part not prefilled
+            head = prompt[:reused]
+            logits_processors = [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits)
+                                 for p in logits_processors]
 
     if draft_model is not None or prompt_lookup:
         from .speculative import speculative_generate_step
@@ -230,10 +254,25 @@ def stream_generate(
             sampler, recorder = _engine_sampler(params, tokenizer, prompt.tolist())
             logits_processors = [*(logits_processors or []), recorder]
         steps = ((token, logprobs, False) for token, logprobs in generate_step(
-            prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+            prompt[reused:], model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
             prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
         ))
 
+    if table is None:
+        yield from _responses(steps, tokenizer, prompt, max_tokens, reused)
+        return
+    fed = prompt.tolist()  # the table holds the keys and values of a start of these tokens
+    try:
+        for response in _responses(steps, tokenizer, prompt, max_tokens, reused):
+            fed.append(response.token)
+            yield response
+    finally:  # also when the caller stops early: the pages are kept for the next prompt
+        prefix_cache.release(table, fed)
+
+
+def _responses(steps, tokenizer: Tokenizer, prompt: mx.array, max_tokens: int,
+               reused: int) -> Generator[GenerationResponse, None, None]:
+    """`stream_generate`'s responses for the `(token, logprobs, from_draft)` of `steps`."""
     detokenizer = StreamingDetokenizer(tokenizer)
     eos = tokenizer.eos_token_ids
     mx.reset_peak_memory()
@@ -243,7 +282,7 @@ def stream_generate(
     for n, (token, logprobs, from_draft) in enumerate(steps):
         if n == 0:
             ttft = time.perf_counter() - start
-            prompt_tps = prompt.size / ttft
+            prompt_tps = (prompt.size - reused) / ttft
             decode_start = time.perf_counter()
         finish = "stop" if token in eos else ("length" if n + 1 == max_tokens else None)
         text = detokenizer.step(token, finish)  # the end-of-sequence token itself is not shown
@@ -261,6 +300,7 @@ def stream_generate(
             generation_tps=n / elapsed if n and elapsed > 0 else 0.0,
             peak_memory=mx.get_peak_memory() / 1e9,
             finish_reason=finish,
+            cached_tokens=reused,
         )
         if finish:
             return
@@ -304,11 +344,12 @@ def generate(
     prompt_lookup: bool = False,
     num_draft_tokens: int = NUM_DRAFT_TOKENS,
     speculative_stats: "SpeculativeStats | None" = None,
+    prefix_cache: "PrefixCache | None" = None,
 ) -> str:
     """The whole text `stream_generate` produces with these arguments."""
     return "".join(r.text for r in stream_generate(
         model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=logits_processors,
         params=params, prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
         draft_model=draft_model, prompt_lookup=prompt_lookup, num_draft_tokens=num_draft_tokens,
-        speculative_stats=speculative_stats,
+        speculative_stats=speculative_stats, prefix_cache=prefix_cache,
     ))

@@ -9,6 +9,7 @@
 prompt and forces calls with a grammar, `metrics` counts for Prometheus.
 """
 
+from ..defaults import PAGE_SIZE, PREFIX_CACHE_BYTES
 from .app import Server, create_app
 from .engine import Engine
 from .metrics import Metrics
@@ -16,11 +17,13 @@ from .protocol import Context
 
 
 def build(model, tokenizer, *, model_ids: tuple[str, ...], max_batch_size: int, max_queue: int,
-          prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None) -> Server:
+          prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None,
+          page_size: int = PAGE_SIZE, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> Server:
     """A `Server` for a loaded model: its engine thread (not started yet) and settings."""
     metrics = Metrics()
     engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_queue=max_queue,
-                    prefill_step_size=prefill_step_size, metrics=metrics)
+                    prefill_step_size=prefill_step_size, metrics=metrics, page_size=page_size,
+                    prefix_cache_bytes=prefix_cache_bytes)
     ctx = Context(tokenizer, model_ids, model.args.max_position_embeddings or None, model.args.vocab_size,
                   max_prompt_tokens)
     return Server(engine, ctx, api_key=api_key)

@@ -284,6 +284,7 @@ class Reply:
         self.logprobs: list[list] = [[] for _ in range(n)]
         self.finish: list[str | None] = [None] * n
         self.tokens = [0] * n
+        self.cached_tokens = 0  # of the prompt, found in the prefix cache
         self.error: str | None = None
         self.error_status = 500
 
@@ -313,6 +314,7 @@ class Reply:
         offset = len(self.texts[i])
         self.texts[i] += event.text
         self.tokens[i] = max(self.tokens[i], event.tokens)
+        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         self.finish[i] = event.finish_reason
         first_call = len(self.calls[i])
         self.calls[i] += event.tool_calls
@@ -338,7 +340,8 @@ class Reply:
 
     def usage(self) -> dict:
         prompt, completion = len(self.job.prompt), sum(self.tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
     def usage_chunk(self) -> dict:
         return {**self._chunk([]), "usage": self.usage()}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchGenerator, TokenLogprobs
 from ..constrain import TokenTable
+from ..defaults import PAGE_SIZE, PREFIX_CACHE_BYTES
 from ..model import Model
 from ..tokenizer import Tokenizer
 from .metrics import Metrics
@@ -41,6 +42,7 @@ class Event:
     error: str | None = None
     status: int = 500  # the HTTP status of an error (503: the server is shutting down)
     tokens: int = 0  # tokens drawn by this choice so far (the end-of-sequence token included)
+    cached_tokens: int = 0  # prompt tokens that came from the prefix cache
 
 
 class Handle:
@@ -76,9 +78,11 @@ class Engine:
     may be called from any thread."""
 
     def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_queue: int,
-                 prefill_step_size: int, metrics: Metrics):
+                 prefill_step_size: int, metrics: Metrics, page_size: int = PAGE_SIZE,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
+        self.page_size, self.prefix_cache_bytes = page_size, prefix_cache_bytes
         self.gen = self._generator()
         self.table = TokenTable.from_tokenizer(tokenizer)  # built once, before any grammar needs it
         self.queued = 0  # jobs waiting for a batch row (submitted, not yet in the batch)
@@ -91,7 +95,8 @@ class Engine:
 
     def _generator(self) -> BatchGenerator:
         return BatchGenerator(self.model, self.tokenizer, max_batch_size=self.max_batch_size,
-                              prefill_step_size=self.prefill_step_size)
+                              prefill_step_size=self.prefill_step_size, page_size=self.page_size,
+                              prefix_cache_bytes=self.prefix_cache_bytes)
 
     # ---- any thread --------------------------------------------------------------------------
 
@@ -147,7 +152,7 @@ class Engine:
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            prefilled = self.gen.stats.prompt_tokens
+            prefilled, cached = self.gen.stats.prompt_tokens, self.gen.stats.cached_tokens
             try:
                 responses = self.gen.step()
             except Exception as e:  # the model failed: every job in the batch fails with it
@@ -155,6 +160,7 @@ class Engine:
                 self.gen = self._generator()
                 continue
             self.metrics.prefill_tokens.inc(self.gen.stats.prompt_tokens - prefilled)
+            self.metrics.cached_tokens.inc(self.gen.stats.cached_tokens - cached)
             self._admitted()
             now = time.perf_counter()
             for response in responses:
@@ -264,4 +270,4 @@ class Engine:
             del self._choices[r.uid]
         if text or calls or finish or (r.logprobs and not eos):
             handle.put(Event(choice.index, text, None if eos else r.token, None if eos else r.logprobs,
-                             calls, finish, tokens=r.generation_tokens))
+                             calls, finish, tokens=r.generation_tokens, cached_tokens=r.cached_tokens))

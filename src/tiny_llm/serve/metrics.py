@@ -16,6 +16,8 @@ class Metrics:
         self.prefill_tokens = Counter("tiny_llm_prefill_tokens", "Prompt tokens run through the model (choices of "
                                       "one request, and equal prompts that join together, share one prefill)",
                                       registry=r)
+        self.cached_tokens = Counter("tiny_llm_cached_prompt_tokens", "Prompt tokens taken from the prefix cache "
+                                     "instead of being prefilled", registry=r)
         self.generation_tokens = Counter("tiny_llm_generation_tokens", "Tokens generated", registry=r)
         self.queue = Gauge("tiny_llm_queue_length", "Requests waiting for their first token", registry=r)
         self.running = Gauge("tiny_llm_running_rows", "Rows in the running batch", registry=r)
