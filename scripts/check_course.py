@@ -119,6 +119,8 @@ DEMOS: dict[str, list[list[str]]] = {
     "week2-day4": [BATCH],
     "week2-day5": [BATCH + ["--max-batch-size", "2"]],
     "week3-day1": [GENERATE + ["--draft-model", "default", "--verbose"]],
+    "week3-day2": [BATCH + ["--max-batch-size", "2", "--prefix-cache-bytes", "0", "--verbose"]],
+    "week3-day3": [BATCH + ["--max-batch-size", "2", "--verbose"]],
 }
 # The first command that needs a day: at every stage before it, the command must stop
 # with a one-line error that names a day not done yet.
@@ -171,6 +173,11 @@ def check_demo(tree: Path, argv: list[str], done: set[str]) -> tuple[bool, str]:
                 problems.append(f"says {day} is missing although it is done")
             elif day not in done and not noted and (day != "week2-day2" or argv[0] == "generate"):
                 problems.append(f"no note that {day} is missing")
+    if argv[0] == "batch" and "--verbose" in argv:  # the prompts share the chat template's start
+        cached = "from the prefix cache" in run.stderr
+        if cached != ("week3-day3" in done and "--prefix-cache-bytes" not in argv):
+            problems.append("reports prompt tokens from the prefix cache" if cached
+                            else "reports no prompt tokens from the prefix cache")
     return not problems, f"{'ok' if not problems else 'FAILED'}  {_shown(argv)}" + (
         f"   <-- {'; '.join(problems)}" if problems else "")
 

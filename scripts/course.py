@@ -21,6 +21,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week2-day4": ("week2-day2", "week1-day7"),  # batches: cached prefill, per-row sampling
     "week2-day5": ("week2-day4",),  # continuous batching
     "week3-day1": ("week2-day2",),  # speculative decoding: the cache and its trim
+    "week3-day2": ("week2-day5",),  # the batch engine on pages, compared with the dense batch
+    "week3-day3": ("week3-day2",),  # the prefix cache shares pages
 }
 DAYS = tuple(DEPENDS)
 
@@ -47,13 +49,14 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_batch.py": ("week2-day5",),
     "tests/test_beam_search.py": ("week2-day2",),
     "tests/test_speculative.py": ("week3-day1",),
-    "tests/test_cli.py": ("week2-day3", "week2-day5", "week3-day1"),
+    "tests/test_cli.py": ("week2-day3", "week2-day5", "week3-day1", "week3-day3"),
     "tests/test_progress.py": ("week2-day3", "week2-day4"),
-    # The server runs on the batch engine (week 2, days 4 and 5).
+    # The server runs on the batch engine (week 2, days 4 and 5); its replies count the prompt
+    # tokens found in the prefix cache (week 3, day 3).
     "tests/test_serve_text.py": (),
-    "tests/test_serve.py": ("week2-day5",),
+    "tests/test_serve.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_engine.py": ("week2-day5",),
-    "tests/test_serve_default.py": ("week2-day5",),
+    "tests/test_serve_default.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_browser.py": ("week2-day5",),
 }
 

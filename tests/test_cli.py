@@ -77,12 +77,17 @@ def assert_user_error(status: int, out: str, err: str, *fragments: str) -> str:
         (["chat", *NO_MODEL], ["/nonexistent/model"]),
         (["smoke", "--prompt", ""], ["--prompt", "empty"]),
         (["smoke", "--prompt", PROMPT, "--top", "0", *NO_MODEL], ["--top", "0"]),
+        (["chat", "--page-size", "0", *NO_MODEL], ["--page-size", "0"]),
+        (["chat", "--prefix-cache-bytes", "lots", *NO_MODEL], ["--prefix-cache-bytes", "512M or 1G", "'lots'"]),
+        (["chat", "--prefix-cache-bytes", "-1", *NO_MODEL], ["--prefix-cache-bytes", "'-1'"]),
+        (["batch", "--prompts", "x.txt", "--page-size", "-2", *NO_MODEL], ["--page-size", "-2"]),
     ],
     ids=[
         "empty-prompt", "blank-prompt", "temp-negative", "temp-nan", "top-p-1.5", "top-k-negative",
         "min-p-2", "repetition-penalty-0", "max-tokens-0", "unknown-model", "unknown-flag",
         "temp-not-a-number", "chat-top-p-1.5", "chat-unknown-model", "smoke-empty-prompt",
-        "smoke-top-0",
+        "smoke-top-0", "chat-page-size-0", "chat-prefix-cache-bytes-text", "chat-prefix-cache-bytes-negative",
+        "batch-page-size-negative",
     ],
 )
 def test_user_error_is_one_line_and_status_2(argv, fragments, capsys):
@@ -201,6 +206,10 @@ def test_chat_keeps_the_conversation(chat_run):
     prompt_tokens = [int(n) for n in re.findall(r"^prompt: (\d+) tokens", chat_run.stderr, re.M)]
     assert len(prompt_tokens) == 2
     assert prompt_tokens[1] > prompt_tokens[0] + 10
+    # The second turn takes the first exchange from the prefix cache and prefills the rest.
+    cached = re.search(r"^prompt: (\d+) tokens \((\d+) from the prefix cache, (\d+) prefilled\)", chat_run.stderr, re.M)
+    assert cached and int(cached[1]) == prompt_tokens[1], chat_run.stderr
+    assert int(cached[2]) > prompt_tokens[0] and int(cached[2]) + int(cached[3]) == prompt_tokens[1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,6 +500,8 @@ def test_a_long_prefill_shows_progress_and_stops_on_ctrl_c():
     (["--max-queue", "-1"], ["--max-queue", ">= 1"]),
     (["--max-prompt-tokens", "0"], ["--max-prompt-tokens", ">= 1"]),
     (["--api-key", " "], ["--api-key is empty"]),
+    (["--page-size", "0"], ["--page-size must be a positive integer, got 0"]),
+    (["--prefix-cache-bytes", "1T"], ["--prefix-cache-bytes", "'1T'"]),
     (["--host", "256.1.1.1"], ["cannot listen on 256.1.1.1"]),
 ])
 def test_serve_user_errors(extra, fragments, capsys):

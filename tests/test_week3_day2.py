@@ -7,7 +7,7 @@ from conftest import generate_alone, tiny_model, vocab_tokenizer
 
 from tiny_llm.batch import BatchGenerator, batch_generate
 from tiny_llm.kv_cache import KVCache
-from tiny_llm.paged_cache import BlockTable, PagedKVCache, PagePool, paged_views
+from tiny_llm.paged_cache import BlockTable, PagedKVCache, PagePool, paged_views, reorder
 from tiny_llm.sampler import SamplingParams
 
 PROMPT = [5, 17, 3, 9, 30, 12, 7, 8, 21, 40, 19, 2, 33]
@@ -222,3 +222,29 @@ def test_default_model_batch_on_pages_equals_the_dense_batch(default_model):
     runs = [batch_generate(model, tok, prompts, 6, params=params, prefill_step_size=16, paged=paged,
                            prefix_cache_bytes=0) for paged in (False, True)]
     assert runs[0].texts == runs[1].texts and runs[0].tokens == runs[1].tokens
+
+
+def test_beams_fork_their_parents_pages():
+    """`reorder` for beam search: rows 0, 0, 1 continue rows 0 and 1 of a two-row batch; the
+    new rows hold their parents' pages (no copy), the old holds are given back."""
+    pool = PagePool(page_size=4)
+    a, b = filled(pool, 6, 0), filled(pool, 3, 100)
+    views = [PagedKVCache(pool, 0, [a, b])]
+    pages_a, pages_b = list(a.pages), list(b.pages)
+    reorder(views, [0, 0, 1])
+    rows = views[0].tables
+    assert [t.pages for t in rows] == [pages_a, pages_a, pages_b] and views[0].lengths == [6, 6, 3]
+    assert [pool.refs[p] for p in pages_a + pages_b] == [2, 2, 1] and a.pages == b.pages == []
+    assert [stored(pool, t) for t in rows] == [[0, 1, 2, 3, 4, 5]] * 2 + [[100, 101, 102]]
+
+
+@pytest.mark.parametrize("num_beams", [2, 5])
+def test_beam_search_on_pages_equals_beam_search_on_the_dense_cache(num_beams):
+    from tiny_llm.beam_search import beam_search
+
+    model, _ = tiny_model("qwen2-untied", seed=12)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    runs = [beam_search(model, tok, PROMPT, num_beams, 6, num_return_sequences=2, paged=paged)
+            for paged in (False, True)]
+    assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
+    assert [h.score for h in runs[0]] == pytest.approx([h.score for h in runs[1]], abs=1e-5)

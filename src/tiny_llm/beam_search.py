@@ -21,8 +21,10 @@ best candidate instead of the best running beam):
   `length_penalty > 0`, else its current length), which is exact;
 - after `max_tokens` steps the running beams join the pool as unfinished hypotheses.
 
-The prompt is prefilled once; the beams share its cache. Each step gathers the cache rows
-of the chosen beams' parents and feeds the beams' new tokens `[B, 1]`.
+The prompt is prefilled once; the beams share its cache. Each step gives every chosen beam
+its parent's keys and values and feeds the beams' new tokens `[B, 1]`. On the paged cache
+(week 3 day 2) a beam forks its parent's block table: beams share every page but the one
+each writes; on a dense cache the rows are gathered (copied).
 
     hyps = beam_search(model, tokenizer, "The capital of France is", num_beams=4, max_tokens=8)
     print(hyps[0].text, hyps[0].score)
@@ -37,7 +39,8 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from .defaults import PREFILL_STEP_SIZE
-from .model import Cache, CachedModel, check_context, prefill, prompt_array
+from .model import Cache, CachedModel, Model, check_context, prefill, prompt_array
+from .paged_cache import BlockTable, PagedKVCache, PagePool, paged_cache_implemented, paged_views, reorder
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
@@ -131,6 +134,7 @@ def beam_search(
     early_stopping: bool | str = False,
     num_return_sequences: int = 1,
     prefill_step_size: int = PREFILL_STEP_SIZE,
+    paged: bool | None = None,
 ) -> list[BeamHypothesis]:
     """The `num_return_sequences` best hypotheses for `prompt` (a string, token ids or
     `mx.array [L]`), best first, by the rules in the module docstring. Fewer come back
@@ -139,6 +143,8 @@ def beam_search(
     `model` needs `make_cache()`; `tokenizer.eos_token_ids` end hypotheses.
     `length_penalty > 0` favours longer hypotheses, `< 0` shorter ones; `early_stopping` is
     True, False or "never". With `num_beams=1` the result is the greedy continuation.
+    `paged`: keep the beams' keys and values in shared pages (the model must be a
+    `tiny_llm.model.Model`); None (the default) pages once week 3 day 2 is implemented.
     """
     _check(num_beams=num_beams, max_tokens=max_tokens, length_penalty=length_penalty,
            early_stopping=early_stopping, num_return_sequences=num_return_sequences,
@@ -148,14 +154,24 @@ def beam_search(
     eos = tokenizer.eos_token_ids
     width = max(2, 1 + len(eos)) * num_beams
     pool = _Pool(num_beams, length_penalty)
-    cache = model.make_cache()
+    if paged not in (None, True, False):
+        raise ValueError(f"paged must be True, False or None, got {paged!r}")
+    if paged is None:
+        paged = isinstance(model, Model) and paged_cache_implemented()
+    if paged and not isinstance(model, Model):
+        raise ValueError("paged=True needs a model with layers (tiny_llm.model.Model)")
+    if paged:
+        pages = PagePool()
+        cache = paged_views(pages, len(model.layers), [BlockTable(pages)])
+    else:
+        cache = model.make_cache()
     logits = prefill(model, prompt[None], cache, prefill_step_size)  # 1, V
     beams = [_Beam([], 0.0, 0)]
     for length in range(1, max_tokens + 1):
         beams = _advance(_candidates(logits, beams, width), beams, num_beams, eos, pool)
         if length == max_tokens or not beams or pool.done(beams[0].logprob, length, max_tokens, early_stopping):
             break
-        _reorder(cache, mx.array([b.parent for b in beams]))
+        _reorder(cache, [b.parent for b in beams])
         logits = model(mx.array([[b.tokens[-1]] for b in beams]), cache=cache)[:, -1, :]  # B, V
     if length == max_tokens:
         for beam in beams:
@@ -194,13 +210,17 @@ def _advance(candidates: list[tuple[float, int, int]], beams: list[_Beam], num_b
     return running
 
 
-def _reorder(cache: list[Cache], parents: mx.array) -> None:
-    """Give row `i` of every layer's cache the keys and values of row `parents[i]` (`[B]`),
-    along axis 0 of `[B, H, S, D]`. After the prefill there is one row and every parent is
-    0: the beams start as copies of the prompt's cache. `offset` is the same for all rows
-    and stays."""
+def _reorder(cache: list[Cache], parents: list[int]) -> None:
+    """Give row `i` of every layer's cache the keys and values of row `parents[i]`. After
+    the prefill there is one row and every parent is 0: the beams start from the prompt's
+    cache. On pages the tables are forked; a dense cache gathers along axis 0 of
+    `[B, H, S, D]` (`offset` is the same for all rows and stays)."""
+    if isinstance(cache[0], PagedKVCache):
+        reorder(cache, parents)
+        return
+    index = mx.array(parents)
     for c in cache:
-        c.keys, c.values = c.keys[parents], c.values[parents]
+        c.keys, c.values = c.keys[index], c.values[index]
 
 
 def _check(*, num_beams, max_tokens, length_penalty, early_stopping, num_return_sequences,

@@ -256,6 +256,18 @@ def paged_views(pool: PagePool, num_layers: int, tables: list[BlockTable]) -> li
     return [PagedKVCache(pool, layer, tables) for layer in range(num_layers)]
 
 
+def reorder(views: list[PagedKVCache], parents: list[int]) -> None:
+    """Row `i` continues row `parents[i]` (beam search): each new row forks its parent's
+    table, so beams share every page but the one each writes next; the old rows' holds are
+    given back."""
+    old = views[0].tables
+    new = [old[p].fork() for p in parents]
+    for table in old:
+        table.release()
+    for view in views:
+        view.tables, view.lengths = list(new), [t.length for t in new]
+
+
 def paged_cache_implemented() -> bool:
     """Whether week 3 day 2 is implemented (batching then runs on pages); always True in
     the finished engine."""

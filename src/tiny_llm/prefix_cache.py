@@ -150,6 +150,12 @@ class PrefixCache:
         table.release()
         self.evict()
 
+    def cancel(self, table: BlockTable) -> None:
+        """A sequence given up: its pages are not cached, its hold is given back, and the
+        cache evicts down to the budget (cached pages it held may now be idle)."""
+        table.release()
+        self.evict()
+
     def evict(self) -> None:
         """Drop the least recently used pages that only the cache holds until those take at
         most `max_bytes`. A dropped page takes the pages after it in its chain along (they
