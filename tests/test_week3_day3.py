@@ -234,7 +234,7 @@ def test_requests_sharing_a_system_prompt_get_the_same_tokens_from_the_cache(nam
 
 def test_a_budget_smaller_than_one_request_keeps_what_fits():
     """A budget below one page: the request runs as usual and nothing is kept. Room for one
-    page: a request of six pages keeps its first page only, and the same prompt later takes
+    page: a request of seven pages keeps its first page only, and the same prompt later takes
     that page (4 positions) from the cache."""
     model, _ = tiny_model("qwen2-tied", seed=5)
     tok = vocab_tokenizer(model.args.vocab_size)

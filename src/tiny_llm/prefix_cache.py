@@ -161,10 +161,13 @@ class PrefixCache:
         most `max_bytes`. A dropped page takes the pages after it in its chain along (they
         could no longer be found)."""
         # BEGIN SOLUTION week3-day3
-        while self.idle_bytes > self.max_bytes:
-            victim = min((n for n in self._nodes.values() if self.pool.refs[n.page] == 1),
-                         key=lambda n: n.last_used)
-            self._drop(victim)
+        idle = sorted((n for n in self._nodes.values() if self.pool.refs[n.page] == 1), key=lambda n: n.last_used)
+        excess = len(idle) * self.pool.page_nbytes - self.max_bytes
+        for victim in idle:
+            if excess <= 0:
+                break
+            if (victim.parent, victim.tokens) in self._nodes:  # not dropped with an earlier one
+                excess -= self._drop(victim) * self.pool.page_nbytes
         # END SOLUTION
 
     def clear(self) -> None:
@@ -172,18 +175,20 @@ class PrefixCache:
         for node in [n for n in self._nodes.values() if n.parent == ROOT]:
             self._drop(node)
 
-    def _drop(self, node: _Node) -> None:
-        for key in list(self._children.get(node.digest, ())):
-            if key in self._nodes:
-                self._drop(self._nodes[key])
+    def _drop(self, node: _Node) -> int:
+        """Drop `node` and the nodes after it in its chain; return how many of their pages
+        only the cache held (those go back to the pool)."""
+        freed = sum(self._drop(self._nodes[key]) for key in list(self._children.get(node.digest, ())))
         key = (node.parent, node.tokens)
         del self._nodes[key]
         siblings = self._children[node.parent]
         siblings.discard(key)
         if not siblings:
             del self._children[node.parent]
+        freed += self.pool.refs[node.page] == 1
         self.pool.release(node.page)
         self.stats.evicted_pages += 1
+        return freed
 
     def _touch(self, nodes: list[_Node]) -> None:
         """Mark `nodes` (a chain, root first) used now; the deeper a page, the older its
