@@ -45,6 +45,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_constrain_sampling.py": (),
     "tests/test_fuzz.py": (),
     "tests/test_layout.py": (),
+    "tests/test_cache_errors.py": (),
     "tests/test_constrain_generate.py": ("week2-day5",),
     "tests/test_batch.py": ("week2-day5",),
     "tests/test_beam_search.py": ("week2-day2",),

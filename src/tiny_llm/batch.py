@@ -131,27 +131,31 @@ class BatchGenerator:
     wait and join as rows finish.
 
     `paged`: keep keys and values in pages of `page_size` positions (week 3 day 2), so a
-    row holds its own length, not the longest row's; None (the default) pages once that
-    day is implemented. On pages, a `prefix_cache_bytes` budget (week 3 day 3; 0 turns it
-    off) keeps the pages of earlier requests, and a request whose prompt starts like one of
-    them prefills only the rest."""
+    row holds its own length, not the longest row's. On pages, a prefix cache of up to
+    `prefix_cache_bytes` (week 3 day 3; 0 turns it off) keeps the pages of earlier requests,
+    and a request whose prompt starts like one of them prefills only the rest. None, the
+    default of both, turns each on once its day is implemented (with `PREFIX_CACHE_BYTES`);
+    a budget above 0 needs pages."""
 
     def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int = MAX_BATCH_SIZE,
                  prefill_step_size: int = PREFILL_STEP_SIZE, paged: bool | None = None,
-                 page_size: int = PAGE_SIZE, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 page_size: int = PAGE_SIZE, prefix_cache_bytes: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         self.prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
         check_page_size(page_size)
-        check_budget(prefix_cache_bytes)
         if paged not in (None, True, False):
             raise ValueError(f"paged must be True, False or None, got {paged!r}")
+        if prefix_cache_bytes is not None and check_budget(prefix_cache_bytes) and paged is False:
+            raise ValueError(f"prefix_cache_bytes={prefix_cache_bytes} needs pages: pass paged=True or None, "
+                             "or prefix_cache_bytes=0")
         if paged is None:
-            paged = paged_cache_implemented()
+            paged = bool(prefix_cache_bytes) or paged_cache_implemented()
+        if prefix_cache_bytes is None:
+            prefix_cache_bytes = PREFIX_CACHE_BYTES if paged and prefix_cache_implemented() else 0
         self.pool = PagePool(page_size) if paged else None
-        self.prefix_cache = (PrefixCache(self.pool, prefix_cache_bytes)
-                             if paged and prefix_cache_bytes and prefix_cache_implemented() else None)
+        self.prefix_cache = PrefixCache(self.pool, prefix_cache_bytes) if prefix_cache_bytes else None
         self.stats = BatchStats()
         self._eos = tokenizer.eos_token_ids
         self._waiting: deque[_Request] = deque()
@@ -403,7 +407,7 @@ def batch_generate(
     max_batch_size: int | None = None,
     paged: bool | None = None,
     page_size: int = PAGE_SIZE,
-    prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    prefix_cache_bytes: int | None = None,
 ) -> BatchResult:
     """Generate for every prompt, all in one batch (or `max_batch_size` rows at a time),
     each with its own `max_tokens` and `params` (one for all, or one per prompt; None:

@@ -97,9 +97,10 @@ def _byte_count(text: str) -> int:
 def _add_cache_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE,
                         help=f"positions per page of the paged KV cache (default {PAGE_SIZE})")
-    parser.add_argument("--prefix-cache-bytes", type=_byte_count, default=PREFIX_CACHE_BYTES, metavar="SIZE",
+    parser.add_argument("--prefix-cache-bytes", type=_byte_count, default=None, metavar="SIZE",
                         help="keep up to this much of finished requests' keys and values, so that prompts "
-                             "starting alike are prefilled once (e.g. 512M; default 1G; 0: off)")
+                             f"starting alike are prefilled once (e.g. 512M; default {PREFIX_CACHE_BYTES >> 30}G "
+                             "once week 3 day 3 is done; 0: off)")
 
 
 def _check_cache_options(args: argparse.Namespace) -> None:
@@ -108,16 +109,21 @@ def _check_cache_options(args: argparse.Namespace) -> None:
 
 
 def _prefix_cache(args: argparse.Namespace):
-    """The prefix cache `chat` keeps across turns, or None when it is off (or its days, week
-    3 days 2 and 3, are not done yet, or the KV cache is off)."""
+    """The prefix cache `chat` keeps across turns, or None when it is off. Without
+    --prefix-cache-bytes it is on once its days (week 3 days 2 and 3) are done; a budget
+    given before then stops with a note naming the missing day."""
     from .paged_cache import PagePool, paged_cache_implemented
     from .prefix_cache import PrefixCache, prefix_cache_implemented
 
-    if not args.prefix_cache_bytes or not _kv_cache(args):
+    budget = args.prefix_cache_bytes
+    if budget == 0 or not _kv_cache(args):
         return None
-    if not paged_cache_implemented() or not prefix_cache_implemented():
-        return None
-    return PrefixCache(PagePool(args.page_size), args.prefix_cache_bytes)
+    for day, done in (("week3-day2", paged_cache_implemented), ("week3-day3", prefix_cache_implemented)):
+        if not done():
+            if budget is None:
+                return None
+            raise UserError(_missing_day_message(day, "--prefix-cache-bytes needs the prefix cache"))
+    return PrefixCache(PagePool(args.page_size), PREFIX_CACHE_BYTES if budget is None else budget)
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the

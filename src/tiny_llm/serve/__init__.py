@@ -9,7 +9,7 @@
 prompt and forces calls with a grammar, `metrics` counts for Prometheus.
 """
 
-from ..defaults import PAGE_SIZE, PREFIX_CACHE_BYTES
+from ..defaults import PAGE_SIZE
 from .app import Server, create_app
 from .engine import Engine
 from .metrics import Metrics
@@ -18,7 +18,7 @@ from .protocol import Context
 
 def build(model, tokenizer, *, model_ids: tuple[str, ...], max_batch_size: int, max_queue: int,
           prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None,
-          page_size: int = PAGE_SIZE, prefix_cache_bytes: int = PREFIX_CACHE_BYTES) -> Server:
+          page_size: int = PAGE_SIZE, prefix_cache_bytes: int | None = None) -> Server:
     """A `Server` for a loaded model: its engine thread (not started yet) and settings."""
     metrics = Metrics()
     engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_queue=max_queue,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchGenerator, TokenLogprobs
 from ..constrain import TokenTable
-from ..defaults import PAGE_SIZE, PREFIX_CACHE_BYTES
+from ..defaults import PAGE_SIZE
 from ..model import Model
 from ..tokenizer import Tokenizer
 from .metrics import Metrics
@@ -79,7 +79,7 @@ class Engine:
 
     def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_queue: int,
                  prefill_step_size: int, metrics: Metrics, page_size: int = PAGE_SIZE,
-                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 prefix_cache_bytes: int | None = None):
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
         self.page_size, self.prefix_cache_bytes = page_size, prefix_cache_bytes
