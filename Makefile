@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-before-after clean
+.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-constrained: setup
 # Serving over HTTP: tiny-llm serve against mlx_lm.server, side by side (QUICK=1: smoke run).
 bench-serve: setup
 	$(PY) scripts/bench_serve.py $(if $(QUICK),--quick,)
+
+# Prefix caching: time to first token with and without the prefix cache, beside mlx-lm's
+# prompt caches, and the KV memory of a paged batch (QUICK=1: smoke run).
+bench-prefix: setup
+	$(PY) scripts/bench_prefix.py $(if $(QUICK),--quick,)
 
 # Sampling and decoding of the working tree against an earlier commit, interleaved in one
 # process (BEFORE=rev; for changes that should not alter speed).

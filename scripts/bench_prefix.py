@@ -3,7 +3,8 @@
 mlx-lm's prompt caches, and the KV memory of a paged batch against week 2's padded one.
 
     python scripts/bench_prefix.py [--quick] [--requests 8] [--system-tokens 256] [--new-tokens 4]
-        [--turns 5] [--reply-tokens 16] [--prefill-step-size 2048] [--repeats 3] [--json out.json]
+        [--turns 5] [--reply-tokens 16] [--prefill-step-size 2048] [--plain-repeats 1] [--repeats 3]
+        [--json out.json]
 
 (`make bench-prefix` runs it with the defaults.) The default model (SmolLM2-135M-Instruct,
 4-bit) for both libraries: `tiny_llm.load("default")` and `mlx_lm.load` on the same converted
@@ -16,7 +17,9 @@ Every generation is greedy. Times are measured, never asserted.
     after another: request i starts when request i-1 has finished. tiny-llm runs them
     through one `BatchGenerator` with `max_batch_size=1` (so each request runs alone; the
     prefix cache is what carries over), paged, once with the prefix cache (its default
-    budget) and once with `prefix_cache_bytes=0`. mlx-lm, for reference, keeps the
+    budget) and once with `prefix_cache_bytes=0` (in the first --plain-repeats repetitions
+    only, default 1: every request is then a whole prefill, half a minute each on a slow
+    CPU; its median is over requests 2..n of those sweeps). mlx-lm, for reference, keeps the
     `LRUPromptCache` of `mlx_lm.server` the way the server does (fetch the nearest cache,
     which deep-copies and trims it, prefill the rest, insert the cache with the prompt and
     generated tokens). TTFT: from `insert` (mlx-lm: from the cache lookup) to the request's
@@ -54,6 +57,7 @@ generation per library first; medians over the repetitions.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -408,15 +412,19 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-step-size", type=int, default=PREFILL_STEP_SIZE,
                         help=f"prompt positions per prefill chunk, both libraries (default {PREFILL_STEP_SIZE}, "
                              "both libraries' default)")
+    parser.add_argument("--plain-repeats", type=int, default=1,
+                        help="(a) repetitions that also run the requests without the prefix cache, each request a "
+                             "whole prefill (default 1: the first; its median is over requests 2..n of that sweep)")
     add_run_arguments(parser, repeats=3, quick="2 requests with a 32-token system prompt, 2 turns of 4 tokens, 1 repeat")
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.system_tokens, args.new_tokens, args.turns, args.reply_tokens, args.repeats = 2, 32, 2, 2, 4, 1
     if (args.requests < 2 or args.requests > len(QUESTIONS) or args.system_tokens < 1 or args.new_tokens < 1
             or not 2 <= args.turns <= len(CHAT) or args.reply_tokens < 1 or args.repeats < 1
-            or args.prefill_step_size < 1):
+            or args.prefill_step_size < 1 or not 1 <= args.plain_repeats <= args.repeats):
         parser.error(f"need 2 <= --requests <= {len(QUESTIONS)}, 2 <= --turns <= {len(CHAT)}, and positive "
-                     "--system-tokens, --new-tokens, --reply-tokens, --repeats and --prefill-step-size")
+                     "--system-tokens, --new-tokens, --reply-tokens, --repeats and --prefill-step-size, "
+                     "1 <= --plain-repeats <= --repeats")
 
     import mlx_lm
     import tiny_llm
@@ -429,9 +437,10 @@ def main(argv=None) -> int:
     info = machine_info(model=str(model_dir), requests=args.requests, system_tokens=args.system_tokens,
                         new_tokens=args.new_tokens, turns=args.turns, reply_tokens=args.reply_tokens,
                         prefill_step_size=args.prefill_step_size, repeats=args.repeats, page_size=PAGE_SIZE,
-                        prefix_cache_bytes=PREFIX_CACHE_BYTES)
+                        prefix_cache_bytes=PREFIX_CACHE_BYTES, plain_repeats=args.plain_repeats,
+                        load_average_start=os.getloadavg())
     print(f"{info['processor']}, {info['cpu_count']} CPUs, {info['platform']}; MLX {info['mlx']} ({info['device']}), "
-          f"mlx-lm {info['mlx_lm']}")
+          f"mlx-lm {info['mlx_lm']}; load average {' '.join(f'{x:.2f}' for x in info['load_average_start'])}")
     print(f"model {model_dir.name}; greedy; prefill chunk {args.prefill_step_size} positions in both libraries; "
           f"pages of {PAGE_SIZE} positions, prefix cache budget {PREFIX_CACHE_BYTES >> 20} MB; "
           f"median of {args.repeats} repetitions after one warm-up per library", flush=True)
@@ -462,9 +471,10 @@ def main(argv=None) -> int:
         order = [PREFIX_CACHE_BYTES, 0] if rep % 2 == 0 else [0, PREFIX_CACHE_BYTES]
         for cache_bytes in order:
             key = "tiny_cached" if cache_bytes else "tiny_plain"
-            r["shared"][key] = shared_tiny(model, tokenizer, shared, args, cache_bytes)
+            if cache_bytes or rep < args.plain_repeats:
+                r["shared"][key] = shared_tiny(model, tokenizer, shared, args, cache_bytes)
         r["shared"]["mlx"] = shared_mlx(mlx_model, mlx_tokenizer, shared, args)
-        for key in ("tiny_cached", "tiny_plain", "mlx"):
+        for key in r["shared"]:
             s = shared_summary(r["shared"][key])
             r[f"shared_{key}"] = s
             print(f"[{rep + 1}/{args.repeats}] (a) {key:11s}: request 1 TTFT {s['first_ttft']:.2f} s, requests 2-"
@@ -505,7 +515,8 @@ def main(argv=None) -> int:
     c_dense = ratio(arithmetic["paged_bytes"], arithmetic["dense_bytes"])
     c_padded = ratio(arithmetic["paged_bytes"], arithmetic["padded_bytes"])
     n = args.requests
-    names = {"tiny_cached": "tiny-llm, prefix cache", "tiny_plain": "tiny-llm, prefix_cache_bytes=0",
+    plain_note = f" ({args.plain_repeats} of {args.repeats} repetitions)" if args.plain_repeats < args.repeats else ""
+    names = {"tiny_cached": "tiny-llm, prefix cache", "tiny_plain": "tiny-llm, prefix_cache_bytes=0" + plain_note,
              "mlx": "mlx-lm, LRUPromptCache (as mlx_lm.server)"}
 
     print(f"\n(a) {n} requests, one after another through one BatchGenerator(max_batch_size=1, paged=True): a "
@@ -550,7 +561,7 @@ def main(argv=None) -> int:
     notes = []
     for rep, r in enumerate(reps, 1):
         sh = r["shared"]
-        same = all(x["tokens"] == y["tokens"] for x, y in zip(sh["tiny_cached"], sh["tiny_plain"]))
+        same = all(x["tokens"] == y["tokens"] for x, y in zip(sh["tiny_cached"], sh.get("tiny_plain", sh["tiny_cached"])))
         same_mlx = all(x["tokens"][:args.new_tokens] == y["tokens"][:args.new_tokens]
                        for x, y in zip(sh["tiny_cached"], sh["mlx"]))
         ch = r["chat"]
@@ -558,7 +569,7 @@ def main(argv=None) -> int:
         same_chat = sum(x["tokens"] == y["tokens"] for x, y in zip(ch["tiny_cached"], ch["mlx"]))
         trimmed = sum(t["trimmed"] for t in ch["mlx"])
         notes.append(f"repetition {rep}: (a) tokens with and without the prefix cache "
-                     f"{'identical' if same else 'DIFFERENT'}, tiny-llm and mlx-lm {'identical' if same_mlx else 'different'}; "
+                     f"{('identical' if same else 'DIFFERENT') if 'tiny_plain' in sh else 'not compared'}, tiny-llm and mlx-lm {'identical' if same_mlx else 'different'}; "
                      f"(b) turn {args.turns} with and without the cache {'identical' if same_turn else 'DIFFERENT'}, "
                      f"tiny-llm and mlx-lm replies identical in {same_chat} of {args.turns} turns, mlx-lm cache "
                      f"positions trimmed {trimmed}")
@@ -566,7 +577,9 @@ def main(argv=None) -> int:
                  f"{engine['dense_seconds']:.1f} s dense on the one-layer random model; dense rows {engine['dense_slots']} slots, "
                  f"{engine['dense_offset']} used by the longest")
     total = time.perf_counter() - began
-    notes.append(f"whole run {total:.0f} s")
+    info["load_average_end"] = os.getloadavg()
+    notes.append(f"whole run {total:.0f} s; load average at the end "
+                 f"{' '.join(f'{x:.2f}' for x in info['load_average_end'])} (1, 5, 15 minutes; {info['cpu_count']} CPUs)")
     print()
     for line in notes:
         print(line)

@@ -129,6 +129,7 @@ NEEDS: dict[str, list[str]] = {
     "week1-day6": GENERATE,
     "week2-day4": BATCH,
     "week3-day1": GENERATE + ["--draft-model", "default"],  # every round drafts (prompt lookup may not)
+    "week3-day3": BATCH + ["--prefix-cache-bytes", "1G"],
 }
 # Days whose absence the CLI works around by itself, with a note on standard error.
 FALLBACKS = ("week2-day2", "week2-day3")

@@ -108,21 +108,29 @@ def _check_cache_options(args: argparse.Namespace) -> None:
         raise UserError(f"--page-size must be a positive integer, got {args.page_size}")
 
 
-def _prefix_cache(args: argparse.Namespace):
-    """The prefix cache `chat` keeps across turns, or None when it is off. Without
-    --prefix-cache-bytes it is on once its days (week 3 days 2 and 3) are done; a budget
-    given before then stops with a note naming the missing day."""
-    from .paged_cache import PagePool, paged_cache_implemented
-    from .prefix_cache import PrefixCache, prefix_cache_implemented
+def _prefix_cache_days_done(args: argparse.Namespace) -> bool:
+    """Whether the prefix cache's days (week 3 days 2 and 3) are done; a --prefix-cache-bytes
+    above 0 given before then is a UserError naming the missing day."""
+    from .paged_cache import paged_cache_implemented
+    from .prefix_cache import prefix_cache_implemented
 
-    budget = args.prefix_cache_bytes
-    if budget == 0 or not _kv_cache(args):
-        return None
     for day, done in (("week3-day2", paged_cache_implemented), ("week3-day3", prefix_cache_implemented)):
         if not done():
-            if budget is None:
-                return None
-            raise UserError(_missing_day_message(day, "--prefix-cache-bytes needs the prefix cache"))
+            if args.prefix_cache_bytes:
+                raise UserError(_missing_day_message(day, "--prefix-cache-bytes needs the prefix cache"))
+            return False
+    return True
+
+
+def _prefix_cache(args: argparse.Namespace):
+    """The prefix cache `chat` keeps across turns, or None when it is off (by
+    --prefix-cache-bytes 0, --no-kv-cache, or days not done yet)."""
+    from .paged_cache import PagePool
+    from .prefix_cache import PrefixCache
+
+    budget = args.prefix_cache_bytes
+    if budget == 0 or not _kv_cache(args) or not _prefix_cache_days_done(args):
+        return None
     return PrefixCache(PagePool(args.page_size), PREFIX_CACHE_BYTES if budget is None else budget)
 
 
@@ -631,6 +639,7 @@ def _batch(args: argparse.Namespace) -> int:
         raise UserError(f"--max-batch-size must be a positive integer, got {args.max_batch_size}")
     _check_cache_options(args)
     requests = _read_requests(args, _sampling(args))
+    _prefix_cache_days_done(args)
     model, tokenizer = _load(args)
     gen = BatchGenerator(model, tokenizer, max_batch_size=args.max_batch_size,
                          prefill_step_size=args.prefill_step_size, page_size=args.page_size,
@@ -713,6 +722,7 @@ def _serve(args: argparse.Namespace) -> None:
 
     from .serve import build, create_app
 
+    _prefix_cache_days_done(args)
     model, tokenizer = _load(args)
     name = args.served_model_name or (args.model if args.model == "default" else Path(args.model).name or args.model)
     server = build(model, tokenizer, model_ids=tuple(dict.fromkeys([name, args.model])),

@@ -89,6 +89,8 @@ class PrefixCache:
         logits). The table holds each page once more; the caller prefills
         `tokens[table.length:]` into it."""
         tokens = list(tokens)
+        # Find `pages` (the cached pages, in order) and `length` (the positions of `tokens`
+        # they hold); retain each page and mark the nodes used (`_touch`).
         # BEGIN SOLUTION week3-day3
         P, limit = self.pool.page_size, len(tokens) - 1
         parent, pages, length, used = ROOT, [], 0, []
