@@ -31,8 +31,9 @@ class PagePool:
     """Pages of `page_size` positions of keys and values for every layer, and a reference
     count per page. Page `p` holds slots `p * page_size ... (p + 1) * page_size - 1` of each
     layer's storage `[capacity * page_size, H, D]`, made at the layer's first write. When
-    every page is taken the pool doubles its capacity (page numbers stay valid); pages given
-    back are reused, the storage never shrinks."""
+    every page is taken the pool grows by an eighth (at least 16 pages; page numbers stay
+    valid), so its storage stays within about 1/8 of the most pages ever in use; pages
+    given back are reused, the storage never shrinks."""
 
     def __init__(self, page_size: int = PAGE_SIZE, num_pages: int = 64):
         self.page_size = check_page_size(page_size)
@@ -102,12 +103,12 @@ class PagePool:
         self.values[layer][slots] = values.astype(self.values[layer].dtype)
 
     def _grow(self) -> None:
-        old = self.capacity
-        self.refs += [0] * old
-        self._free = list(range(2 * old - 1, old - 1, -1)) + self._free
+        old, extra = self.capacity, max(16, self.capacity // 8)
+        self.refs += [0] * extra
+        self._free = list(range(old + extra - 1, old - 1, -1)) + self._free
         for store in (self.keys, self.values):
             for layer, a in store.items():
-                store[layer] = mx.concatenate([a, mx.zeros_like(a)])
+                store[layer] = mx.concatenate([a, mx.zeros((extra * self.page_size, *a.shape[1:]), a.dtype)])
 
 
 class BlockTable:
