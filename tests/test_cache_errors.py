@@ -2,18 +2,28 @@
 `ValueError` naming the argument, raised before anything runs."""
 
 import pytest
-from conftest import tiny_model, vocab_tokenizer
+from conftest import vocab_tokenizer
 
 import tiny_llm
 from tiny_llm.batch import BatchGenerator
+from tiny_llm.kv_cache import KVCache
 from tiny_llm.paged_cache import PagePool
 from tiny_llm.prefix_cache import PrefixCache
 
 
+class StandIn:
+    """A model that must never run: every error here comes before the model would."""
+
+    def __call__(self, tokens, cache=None):
+        raise AssertionError("the model ran")
+
+    def make_cache(self):
+        return [KVCache()]
+
+
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
-    model, _ = tiny_model("llama-untied")
-    return model, vocab_tokenizer(model.args.vocab_size)
+    return StandIn(), vocab_tokenizer(16)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 1.5, True, "16"])

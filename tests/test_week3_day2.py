@@ -214,9 +214,10 @@ def test_default_model_batch_on_pages_equals_the_dense_batch(default_model):
     """The real model: two chat prompts, greedy and seeded, the same text with and without
     pages."""
     model, tok = default_model
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in ("Name a colour.", "Hi!")]
+    prompts = [tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}])
+               for q in ("Name a colour.", "Hi!")]
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=4)]
-    runs = [batch_generate(model, tok, prompts, 6, params=params, prefill_step_size=16, paged=paged,
+    runs = [batch_generate(model, tok, prompts, 4, params=params, prefill_step_size=16, paged=paged,
                            prefix_cache_bytes=0) for paged in (False, True)]
     assert runs[0].texts == runs[1].texts and runs[0].tokens == runs[1].tokens
 
