@@ -68,6 +68,7 @@ import mlx.core as mx
 from bench_common import add_run_arguments, machine_info, write_json
 
 from tiny_llm.defaults import PAGE_SIZE, PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES
+from tiny_llm.prefix_cache import common_start
 
 MLX_KEY = "default"  # the model key of mlx-lm's LRUPromptCache
 SYSTEM_TEXT = (
@@ -137,15 +138,6 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     """The token ids of `messages` under the chat template, ready for the reply (as
     `tiny-llm chat` makes them)."""
     return tokenizer.encode(tokenizer.apply_chat_template(messages))
-
-
-def common_start(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---------------------------------------------------------------- (a) shared system prompt

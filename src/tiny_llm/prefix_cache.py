@@ -103,7 +103,7 @@ class PrefixCache:
         # longest start with the prompt's next ones.
         best, best_n, want = None, 0, tokens[length:limit][:P]
         for key in self._children.get(parent, ()):
-            n = _common_start(key[1], want)
+            n = common_start(key[1], want)
             if n > best_n:
                 best, best_n = self._nodes[key], n
         if best is not None:
@@ -200,7 +200,8 @@ class PrefixCache:
             node.last_used = self._clock
 
 
-def _common_start(a: Sequence[int], b: Sequence[int]) -> int:
+def common_start(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` share from their start."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
