@@ -228,4 +228,15 @@ def cache_slots(cache, row: int) -> list[float]:
 
 __all__ = ["TINY_CONFIGS", "reference_model", "model_weights", "tree_map", "VOCAB", "V", "EOS",
            "word_tokenizer", "vocab_tokenizer", "tiny_model", "CountingModel", "CachedCountingModel",
-           "generate_alone", "filled_batch_cache", "cache_slots"]
+           "generate_alone", "filled_batch_cache", "cache_slots", "pooled"]
+
+
+def pooled(observed, expected, minimum=5.0):
+    """Merge the bins of smallest expected count until every bin expects >= `minimum`."""
+    order = np.argsort(expected)
+    obs, exp = list(observed[order]), list(expected[order])
+    while len(exp) > 2 and exp[0] < minimum:
+        small_exp, small_obs = exp.pop(0), obs.pop(0)
+        exp[0] += small_exp
+        obs[0] += small_obs
+    return np.array(obs, float), np.array(exp, float)

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from conftest import pooled
+
 from tiny_llm.sampler import Sampler, SamplingParams, token_distribution
 
 INF = math.inf
@@ -554,17 +556,6 @@ LARGE_CHI_CASES = {
                              np.argsort(-V2000)[:4].tolist()),
     "temperature-only": (dict(temperature=0.9), None),
 }
-
-
-def pooled(observed, expected, minimum=5.0):
-    """Merge the bins of smallest expected count until every bin expects >= `minimum`."""
-    order = np.argsort(expected)
-    obs, exp = list(observed[order]), list(expected[order])
-    while len(exp) > 2 and exp[0] < minimum:
-        small_exp, small_obs = exp.pop(0), obs.pop(0)
-        exp[0] += small_exp
-        obs[0] += small_obs
-    return np.array(obs, float), np.array(exp, float)
 
 
 def test_pooled_merges_small_bins():

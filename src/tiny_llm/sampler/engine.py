@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from . import fast, rng, stages
+from . import fast, rng, search, stages
 from .checks import RowError
 from .draw import argmax_and_value, draw, scatter_rows
 from .dry import dry_penalties
@@ -261,7 +261,7 @@ class Sampler:
     # ---- the paths of a draw ----------------------------------------------------------------
 
     def _sample_plain(self, logits: mx.array, history: History, rows: list[Row]) -> mx.array | None:
-        """Greedy and plain-temperature / min-p rows, without the up-front check: the
+        """Greedy and plain rows (temperature, min-p, top-p), without the up-front check: the
         reductions these paths need anyway reveal NaN and empty rows. None if a row turns out
         to hold NaN or nothing finite (the checked path then runs, and raises)."""
         x = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
@@ -280,7 +280,7 @@ class Sampler:
                 return None
             (key,) = groups
             u = _uniforms(rows, rng.DRAW)
-            if all(r.params.min_p <= 0 for r in rows):  # temperature alone: one pass
+            if all(r.params.min_p <= 0 and r.params.top_p >= 1 for r in rows):  # temperature alone: one pass
                 tokens, probe = draw(y / _col(rows, "temperature"), u)
             else:
                 final = _stages(y, hist, rows, tuple(s for s in key if s != "penalties"))
@@ -359,11 +359,12 @@ class Sampler:
         y = fast.sparse_penalties(x, hist, P) if any(r.penalised for r in rows) else x
         if all(p.temperature <= 0 for p in P):  # greedy: every filter keeps the argmax
             return argmax_and_value(y)
-        if not fast.wants_window(P):  # temperature and min-p: passes over all tokens
-            return draw(_stages(y, hist, rows, tuple(s for s in key if s != "penalties")), u)
+        chain = tuple(s for s in key if s != "penalties")
+        if not fast.wants_window(P):  # no filter that the window serves: passes over all tokens
+            return draw(_stages(y, hist, rows, chain), u)
         t, needs_full, top = fast.fast_tokens(y, P, key, u)
         if mx.any(needs_full).item():
-            slow, slow_top = draw(self._chain(x, hist, rows, key), u)
+            slow, slow_top = draw(_stages(y, hist, rows, chain), u)
             t, top = mx.where(needs_full, slow, t), mx.where(needs_full, slow_top, top)
         return t, top
 
@@ -511,12 +512,12 @@ def _stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str,
         elif stage == "top_n_sigma" and any(p.top_n_sigma > 0 for p in P):
             x = stages.top_n_sigma(x, _col(rows, "top_n_sigma"))
         elif stage == "top_k" and any(p.top_k > 0 for p in P):
-            x = stages.top_k(x, _col(rows, "top_k", mx.int32))
+            x = search.top_k(x, _col(rows, "top_k", mx.int32))
             uncut = [u and p.top_k <= 0 for u, p in zip(uncut, P)]
         elif stage == "typical_p" and any(p.typical_p < 1 for p in P):
             x = stages.typical_p(x, _col(rows, "typical_p"))
         elif stage == "top_p" and any(p.top_p < 1 for p in P):
-            x = stages.top_p(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
+            x = search.top_p(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
             uncut = [u and p.top_p >= 1 for u, p in zip(uncut, P)]
         elif stage == "min_p" and any(p.min_p > 0 for p in P):
             x = stages.min_p(x, _col(rows, "min_p"))

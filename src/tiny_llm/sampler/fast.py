@@ -94,9 +94,10 @@ def top_window(y: mx.array, W: int) -> mx.array:
 
 
 def wants_window(params: list[SamplingParams]) -> bool:
-    """Whether the window pays: every row is cut to a few tokens by top-k or top-p (min-p and
-    temperature alone cost less over the whole vocabulary than a selection does)."""
-    return all(p.temperature <= 0 or p.top_k > 0 or p.top_p < 1 for p in params)
+    """Whether the window pays: every row is cut to a few tokens by top-k. Top-p alone
+    costs less through `search.top_p` and one draw over the vocabulary (its nucleus may be
+    any size), and min-p and temperature alone are passes over the vocabulary."""
+    return all(p.temperature <= 0 or p.top_k > 0 for p in params)
 
 
 def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...], u: mx.array):

@@ -33,8 +33,9 @@ class Row:
     counter: int = 0
     mu: float = field(init=False)
     grammar_state: int | None = None
-    # The cheapest path the parameters allow: "greedy", "plain" (temperature and min-p:
-    # passes over every token), "window" (the fast path's window) or "full" (the chain).
+    # The cheapest path the parameters allow: "greedy", "plain" (temperature, min-p and
+    # top-p: passes over every token and a search for the nucleus), "window" (top-k: the
+    # fast path's window) or "full" (the chain).
     kind: str = field(init=False)
     penalised: bool = field(init=False)  # whether the penalties stage is on
 
