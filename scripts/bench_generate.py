@@ -24,9 +24,11 @@ How it is measured:
   (SmolLM2) or fixed random ids (random model), repeated to --prompt-tokens; at B > 1
   row r is the same prompt rotated by 7r tokens. EOS gets a logit bias of -inf on both
   sides, so every row generates exactly --max-tokens tokens.
-- B = 1: `stream_generate` of each library with `sampler=` (greedy) and `logits_processors=`
-  (the EOS bias), the same work on both sides; this script times the stream itself (first
-  response: TTFT; the rest: decode), since the two report decode rates differently.
+- B = 1: `stream_generate` of each library as its command-line tool calls it, greedy with
+  the EOS bias: tiny-llm with the sampling engine (`params=Sampler(SamplingParams(...))`,
+  what `tiny-llm generate` passes), mlx-lm with `sampler=` and `logits_processors=` (what
+  `mlx_lm.generate` passes); this script times the stream itself (first response: TTFT; the
+  rest: decode), since the two report decode rates differently.
 - B > 1: `tiny_llm.batch.batch_generate` with one SamplingParams per row (temperature 0.7,
   top-k 40, top-p 0.95, min-p 0.05, seed = row, mlx-lm's filter order) and
   `mlx_lm.batch_generate` with the same settings as one shared `make_sampler` (it takes no
@@ -208,14 +210,20 @@ def eos_bias(tokenizer) -> dict[int, float]:
 
 
 def generate_single(impl: str, model, tokenizer, prompt: list[int], max_tokens: int) -> dict:
-    """Greedy B = 1 generation through `stream_generate`, timed around the stream."""
+    """Greedy B = 1 generation through `stream_generate`, timed around the stream: the path
+    each command-line tool runs. `tiny-llm generate` passes the sampling engine
+    (`params=Sampler(SamplingParams(...))`); `mlx_lm.generate` passes `make_sampler` and
+    `make_logits_processors`."""
     if impl == "tiny":
         from tiny_llm import stream_generate
-        from tiny_llm.sampler import make_logits_processors, make_sampler
+        from tiny_llm.sampler import Sampler, SamplingParams
+
+        kwargs = dict(params=Sampler(SamplingParams(temperature=0.0, logit_bias=eos_bias(tokenizer)), tokenizer))
     else:
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
-    kwargs = dict(sampler=make_sampler(temp=0.0), logits_processors=make_logits_processors(logit_bias=eos_bias(tokenizer)))
+
+        kwargs = dict(sampler=make_sampler(temp=0.0), logits_processors=make_logits_processors(logit_bias=eos_bias(tokenizer)))
     mx.reset_peak_memory()
     start = time.perf_counter()
     times, tokens, last = [], [], None
@@ -463,7 +471,8 @@ def main(argv=None) -> int:
 
     info = machine_info(bandwidth_gbs=measure_bandwidth())
     info |= dict(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, repeats=args.repeats,
-                 sampling_b1="greedy, stream_generate(sampler=, logits_processors=) on both sides",
+                 sampling_b1="greedy, stream_generate as each CLI calls it: tiny-llm params=Sampler(...), "
+                             "mlx-lm sampler= and logits_processors=",
                  sampling_batch=", ".join(f"{k} {v}" for k, v in SAMPLING.items())
                  + "; tiny-llm: one SamplingParams per row (seed = row, order mlx-lm), "
                    "mlx-lm: one shared make_sampler")

@@ -83,7 +83,7 @@ def timed(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times) * 1000
 
 
-def bench(B: int, V: int, repeats: int, shape: str = "typical") -> list[dict]:
+def bench(B: int, V: int, repeats: int, shape: str = "typical", configs=tuple(CONFIGS)) -> list[dict]:
     x = model_like_logprobs(B, V, rows=shape)
     history = [list(range(r, r + 64)) for r in range(B)]
     history_array = mx.array(history)
@@ -93,7 +93,7 @@ def bench(B: int, V: int, repeats: int, shape: str = "typical") -> list[dict]:
     floor_cat = timed(lambda: mx.random.categorical(x), repeats)
     rows.append(dict(config="floor: argmax", rows=shape, B=B, tiny_make_sampler=floor_argmax))
     rows.append(dict(config="floor: categorical", rows=shape, B=B, tiny_make_sampler=floor_cat))
-    for name, (ms_kwargs, params_kwargs, rep) in CONFIGS.items():
+    for name, (ms_kwargs, params_kwargs, rep) in ((n, CONFIGS[n]) for n in configs):
         ours_fn = make_sampler(**ms_kwargs)
         ref_fn = mlx_lm_sampling.make_sampler(**ms_kwargs)
         ours_proc = make_logits_processors(repetition_penalty=rep, repetition_context_size=64) if rep else []
@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--batch", default="1,8,32")
     parser.add_argument("--rows", default="typical", help="row shapes, comma-separated: " + ", ".join(ROWS))
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="configurations, comma-separated (default all)")
     add_run_arguments(parser, repeats=7, quick="small vocabulary and batch, 2 repeats (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -139,6 +140,10 @@ def main(argv=None) -> int:
     bad = [r for r in shapes if r not in ROWS]
     if bad:
         parser.error(f"--rows: unknown shape {bad[0]!r}; choose from {', '.join(ROWS)}")
+    configs = [c.strip() for c in args.configs.split(",")]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        parser.error(f"--configs: unknown configuration {bad[0]!r}; choose from {', '.join(CONFIGS)}")
     info = machine_info(vocab=args.vocab, repeats=args.repeats,
                         logits={r: ROWS[r][2] + ", permuted, normalised to log-probabilities" for r in shapes})
     print(f"MLX {info['mlx']} on {info['device']} ({info['machine']}), V = {args.vocab}, "
@@ -151,7 +156,7 @@ def main(argv=None) -> int:
         print(f"rows: {shape} ({ROWS[shape][2]}); 0.9 nucleus of 8 rows: {min(sizes)}-{max(sizes)} tokens, "
               f"median {sorted(sizes)[len(sizes) // 2]}")
         for B in batches:
-            for row in bench(B, args.vocab, args.repeats, shape):
+            for row in bench(B, args.vocab, args.repeats, shape, configs):
                 results.append(row)
                 print_row(row)
     write_json(args.json, info=info, results=results)

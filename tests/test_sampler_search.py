@@ -36,17 +36,20 @@ def nucleus_size(x: mx.array, p: float) -> np.ndarray:
     return np.array(mx.sum(kept > -np.inf, axis=-1))
 
 
+@pytest.mark.parametrize("first", [search.FIRST, 256], ids=["first-selection", "growing"])
 @pytest.mark.parametrize("ties", [False, True], ids=["float32", "bfloat16-ties"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_top_p_is_the_sorted_reference(shape, ties):
-    """Every p from 0 to 0.999, on 6 rows of 30,000 tokens: the same logits to the bit."""
+def test_top_p_is_the_sorted_reference(shape, ties, first, monkeypatch):
+    """Every p from 0 to 0.999, on 6 rows of 30,000 tokens: the same logits to the bit;
+    also when the first selection takes only 256 tokens, so that wide and flat rows need
+    the larger selections after it."""
+    monkeypatch.setattr(search, "FIRST", first)
     x = rows(shape, 6, 30_000, seed=1, ties=ties)
     for value in (0.0, 0.05, 0.5, 0.9, 0.95, 0.999):
         p = mx.full((6, 1), value)
         assert mx.array_equal(search.top_p(x, p), stages.top_p(x, p)).item(), (shape, value)
-    if shape != "typical":  # these rows reach past the window; flat ones past the first selection
-        sizes = nucleus_size(x, 0.9)
-        assert (sizes > fast.WINDOW).all() and (shape == "wide" or (sizes > search.FIRST).any())
+    if shape != "typical":  # these rows reach past the window, and past 256 tokens
+        assert (nucleus_size(x, 0.9) > max(fast.WINDOW, 256)).all()
 
 
 def test_top_p_rows_of_different_p_and_cut_rows():

@@ -283,8 +283,7 @@ class Sampler:
             if all(r.params.min_p <= 0 and r.params.top_p >= 1 for r in rows):  # temperature alone: one pass
                 tokens, probe = draw(y / _col(rows, "temperature"), u)
             else:
-                final = _stages(y, hist, rows, tuple(s for s in key if s != "penalties"))
-                tokens, probe = draw(final, u)  # probe: the row max, NaN or -inf: bad row
+                tokens, probe = _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)  # probe: the row max, NaN or -inf: bad row
         mx.eval(tokens, probe)
         if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
             return None
@@ -361,10 +360,10 @@ class Sampler:
             return argmax_and_value(y)
         chain = tuple(s for s in key if s != "penalties")
         if not fast.wants_window(P):  # no filter that the window serves: passes over all tokens
-            return draw(_stages(y, hist, rows, chain), u)
+            return _draw_stages(y, hist, rows, chain, u)
         t, needs_full, top = fast.fast_tokens(y, P, key, u)
         if mx.any(needs_full).item():
-            slow, slow_top = draw(_stages(y, hist, rows, chain), u)
+            slow, slow_top = _draw_stages(y, hist, rows, chain, u)
             t, top = mx.where(needs_full, slow, t), mx.where(needs_full, slow_top, top)
         return t, top
 
@@ -489,7 +488,25 @@ def _prefix(x: mx.array, rows: list[Row]) -> mx.array:
 def _stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str, ...]) -> mx.array:
     """The stages of `key` in order, each with one parameter per row; a stage no row uses
     is skipped."""
+    return _stages_and_nucleus(x, hist, rows, key)[0]
+
+
+def _draw_stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str, ...],
+                 u: mx.array) -> tuple[mx.array, mx.array]:
+    """`draw(_stages(...), u)`; where top-p was the last stage to change the logits, the
+    draw is made from its selection (`search.Nucleus.draw`), with the probabilities it
+    computed already."""
+    final, found = _stages_and_nucleus(x, hist, rows, key)
+    if found is None:
+        return draw(final, u)
+    return found.draw(u), found.top
+
+
+def _stages_and_nucleus(x: mx.array, hist: list[list[int]], rows: list[Row],
+                        key: tuple[str, ...]) -> tuple[mx.array, "search.Nucleus | None"]:
+    """`_stages`, and top-p's `search.Nucleus` if no stage after it changed the logits."""
     P = [r.params for r in rows]
+    found = None
     G, V = x.shape
     # Rows that no top-k / top-p / min-p has cut yet (decided by the parameters, as the
     # fast path decides it): top-p sums their normaliser over the whole vocabulary.
@@ -497,6 +514,7 @@ def _stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str,
     for stage in key:
         if stage == "penalties" and any(r.penalised for r in rows):
             x = fast.sparse_penalties(x, hist, P)  # touches only the tokens each row has seen
+            found = None
         elif stage == "dry" and any(p.dry_multiplier > 0 for p in P):
             r_, c_, v_ = [], [], []
             for g, r in enumerate(rows):
@@ -509,30 +527,40 @@ def _stages(x: mx.array, hist: list[list[int]], rows: list[Row], key: tuple[str,
                         r_.append(g), c_.append(token), v_.append(-amount)
             if r_:
                 x = x.at[mx.array(r_), mx.array(c_)].add(mx.array(v_, dtype=mx.float32))
+                found = None
         elif stage == "top_n_sigma" and any(p.top_n_sigma > 0 for p in P):
             x = stages.top_n_sigma(x, _col(rows, "top_n_sigma"))
+            found = None
         elif stage == "top_k" and any(p.top_k > 0 for p in P):
             x = search.top_k(x, _col(rows, "top_k", mx.int32))
+            found = None
             uncut = [u and p.top_k <= 0 for u, p in zip(uncut, P)]
         elif stage == "typical_p" and any(p.typical_p < 1 for p in P):
             x = stages.typical_p(x, _col(rows, "typical_p"))
+            found = None
         elif stage == "top_p" and any(p.top_p < 1 for p in P):
-            x = search.top_p(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
+            found = search.nucleus(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
+            x = x if found is None else found.logits
             uncut = [u and p.top_p >= 1 for u, p in zip(uncut, P)]
         elif stage == "min_p" and any(p.min_p > 0 for p in P):
             x = stages.min_p(x, _col(rows, "min_p"))
+            found = None
             uncut = [u and p.min_p <= 0 for u, p in zip(uncut, P)]
         elif stage == "xtc" and any(p.xtc_probability > 0 and p.xtc_threshold <= 0.5 for p in P):
             coin = _uniforms(rows, rng.XTC)
             prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
             x = stages.xtc(x, _col(rows, "xtc_threshold"), (coin < prob)[:, None])
+            found = None
         elif stage == "temperature":
+            if all(p.temperature == 1.0 and p.dynatemp_range <= 0 for p in P):
+                continue  # dividing by 1 changes nothing
+            found = None
             if any(p.dynatemp_range > 0 for p in P):
                 x = stages.temperature(x, _col(rows, "temperature"), _col(rows, "dynatemp_range"),
                                        _col(rows, "dynatemp_exponent"))
             else:
                 x = stages.plain_temperature(x, _col(rows, "temperature"), any(p.temperature <= 0 for p in P))
-    return x
+    return x, found
 
 
 class MirostatStep(NamedTuple):

@@ -6,11 +6,12 @@ first reaches p. Neither needs the whole vocabulary in order:
 
 - top-k's threshold is one order statistic: a selection (`np.partition`, linear time)
   finds it.
-- top-p's threshold is found among the most likely tokens. A selection takes the 1,024
-  largest logits, only they are sorted, and the reference's own arithmetic (`stages.top_p`:
-  probabilities over the same normaliser, a running sum in float32 from the top) runs on
-  them. If their mass does not reach p, eight times as many are taken, and so on: a 0.9
-  nucleus of 7,000 tokens costs two selections and a sort of 8,192 values.
+- top-p's threshold is found among the most likely tokens. A selection takes the 8,192
+  largest logits (and their probabilities), only they are sorted, and the reference's own
+  arithmetic (`stages.top_p`: probabilities over the same normaliser, a running sum in
+  float32 from the top) runs on them. If their mass does not reach p, eight times as many
+  are taken, and so on. A typical row (a nucleus of tens of tokens) costs what a wide one
+  (thousands) does: two selections over the vocabulary and two sorts of 8,192 values.
 
 The running sums are the reference's, term by term, so the thresholds are the same to the
 bit: `stages.top_k` and `stages.top_p` stay the oracle, and these are what the engine runs.
@@ -26,7 +27,7 @@ import numpy as np
 
 from . import stages
 
-FIRST = 1024  # tokens taken by the first selection of top-p
+FIRST = 8192  # tokens taken by the first selection of top-p
 GROWTH = 8  # each further selection takes this many times more
 MARGIN = 1e-5  # the running mass must pass p by this much before the tokens after it are
 #                left uncounted: a running sum minus its last term can fall below p by
@@ -53,11 +54,47 @@ def top_p(x: mx.array, p: mx.array, uncut: mx.array | None = None) -> mx.array:
     """`stages.top_p` (the nucleus: the most likely tokens whose mass reaches p, where
     p < 1; `p [G, 1]`) without sorting the vocabulary. `uncut [G, 1]`: rows no earlier
     filter has cut, whose normaliser is summed over the whole vocabulary (default all)."""
+    found = nucleus(x, p, uncut)
+    return x if found is None else found.logits
+
+
+class Nucleus:
+    """What `nucleus` found: the filtered logits, and what a draw from them needs, kept on
+    the host where the selection ran."""
+
+    def __init__(self, x: np.ndarray, e: np.ndarray, threshold: np.ndarray, top: mx.array, logits: mx.array):
+        self._x, self._e, self._threshold = x, e, threshold
+        self.top = top  # [G]: each row's max, kept by the filter
+        self.logits = logits  # [G, V]: top-p's result (lazy)
+
+    def draw(self, u: mx.array) -> mx.array:
+        """`[G]` int32: `draw.draw(self.logits, u)`: per row the first kept token, in
+        vocabulary order, whose running mass reaches u times the kept mass, summed on the
+        host over the kept tokens only. The numbers are the draw's own (`exp(x - max)`
+        from MLX); only the order of the float32 additions differs from the two-level
+        running sum, which can move a draw whose u lies within rounding of a boundary."""
+        us = np.array(u, dtype=np.float32)
+        out = np.zeros(len(us), dtype=np.int32)
+        for g, target in enumerate(us):
+            ids = np.flatnonzero(self._x[g] >= self._threshold[g])
+            w = self._e[g][ids]
+            running = np.cumsum(w, dtype=np.float32)
+            positive = w > 0
+            if not positive.any():
+                continue  # nothing to draw: the caller tells such a row by its max
+            reach = running[positive].max()
+            hit = positive & (running >= target * reach)
+            out[g] = ids[int(np.argmax(hit))]
+        return mx.array(out)
+
+
+def nucleus(x: mx.array, p: mx.array, uncut: mx.array | None = None) -> Nucleus | None:
+    """`top_p`'s work, kept for a draw (None where no row has p < 1)."""
     G, V = x.shape
     ps = np.array(p).reshape(G)
     on = ps < 1
     if not on.any():
-        return x
+        return None
     top = mx.max(x, axis=-1, keepdims=True)
     e = stages.exp(x - top)
     whole = mx.sum(e, axis=-1)
@@ -68,17 +105,18 @@ def top_p(x: mx.array, p: mx.array, uncut: mx.array | None = None) -> mx.array:
     for g in np.flatnonzero(on):
         threshold[g] = _nucleus_threshold(xs[g], es[g], np.float32(ps[g]),
                                           wholes[g] if uncut_rows[g] else None)
-    return stages._keep_at_least(x, mx.array(threshold)[:, None], p < 1)
+    column = mx.array(threshold)[:, None]
+    return Nucleus(xs, es, threshold, top[:, 0], mx.where(x >= column, x, -math.inf))
 
 
 def _largest(x: np.ndarray, e: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The `n` largest logits of `x` (more where ties straddle the n-th), largest first,
-    and their weights `e` in the same order. `e` is a non-decreasing function of `x`, so
-    sorting each by value lines them up (equal logits have equal weights)."""
+    """The `n` largest logits of `x`, largest first, and their weights `e` in the same
+    order: the first n entries of the sorted reference's `xs` and `es`. `e` is a
+    non-decreasing function of `x`, so the n largest weights belong to the n largest
+    logits, and sorting each by value lines them up (equal logits have equal weights)."""
     if n < x.size:
-        nth = -np.partition(-x, n - 1)[n - 1]
-        taken = x >= nth
-        x, e = x[taken], e[taken]
+        k = x.size - n
+        x, e = np.partition(x, k)[k:], np.partition(e, k)[k:]
     return np.sort(x)[::-1], np.sort(e)[::-1]
 
 
