@@ -594,7 +594,9 @@ def _logprobs(logits: mx.array, final: mx.array, tokens: mx.array, n: int) -> Sa
     def describe(lp):
         chosen = mx.take_along_axis(lp, tokens[:, None], axis=-1)  # B, 1
         rank = mx.sum(lp > chosen, axis=-1)
-        order = mx.argsort(-lp, axis=-1)[:, :n]
+        # The n most likely by a selection, then only they are sorted.
+        order = mx.argpartition(-lp, n - 1, axis=-1)[:, :n] if 0 < n < lp.shape[-1] else mx.argsort(-lp, axis=-1)[:, :n]
+        order = mx.take_along_axis(order, mx.argsort(-mx.take_along_axis(lp, order, axis=-1), axis=-1), axis=-1)
         return chosen[:, 0], rank, order, mx.take_along_axis(lp, order, axis=-1)
 
     lp, rank, top, top_lp = describe(fin)
