@@ -105,6 +105,8 @@ def bench_decoding(before_generate, after_generate, after, tokens: int, runs: in
             module, logits_processors=[lambda _tokens, logits: logits + mask]),
         "stream_generate(params=SamplingParams(temperature=0.7, top_k=40, top_p=0.95, seed=1))": lambda module, params: rate(
             module, params=params.SamplingParams(**sampling)),
+        "stream_generate(params=SamplingParams(temperature=0)) (tiny-llm generate's default)": lambda module, params: rate(
+            module, params=params.SamplingParams(temperature=0.0, logit_bias=sampling["logit_bias"])),
     }
     sides = {"before": (before_generate, importlib.import_module("tiny_llm_before.sampler")),
              "after": (after_generate, importlib.import_module("tiny_llm.sampler"))}
@@ -135,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", default="1,8,32")
     parser.add_argument("--decode-tokens", type=int, default=24)
     parser.add_argument("--decode-runs", type=int, default=5)
+    parser.add_argument("--no-sampling", action="store_true", help="measure decoding only")
     add_run_arguments(parser, repeats=31, quick="small vocabulary, B 1, 3 repeats, 6 tokens, 1 run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -151,9 +154,9 @@ def main(argv=None) -> int:
         info = machine_info(before=args.before, vocab=args.vocab, repeats=args.repeats)
         print(f"MLX {info['mlx']} on {info['device']} ({info['processor']}); before = {args.before}, "
               f"after = the working tree")
-        sampling = bench_sampling(importlib.import_module("tiny_llm_before.sampler"),
-                                  importlib.import_module("tiny_llm.sampler"),
-                                  [int(b) for b in args.batch.split(",")], args.vocab, args.repeats)
+        sampling = [] if args.no_sampling else bench_sampling(
+            importlib.import_module("tiny_llm_before.sampler"), importlib.import_module("tiny_llm.sampler"),
+            [int(b) for b in args.batch.split(",")], args.vocab, args.repeats)
         decoding = bench_decoding(importlib.import_module("tiny_llm_before.generate"),
                                   importlib.import_module("tiny_llm.generate"), after,
                                   args.decode_tokens, args.decode_runs)

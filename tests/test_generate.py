@@ -9,6 +9,7 @@ from conftest import CountingModel, tiny_model, word_tokenizer
 
 import tiny_llm
 from tiny_llm.generate import generate_step, stream_generate
+from tiny_llm.sampler import SamplingParams
 
 
 @pytest.mark.parametrize("prompt, max_tokens, match", [
@@ -70,3 +71,31 @@ def test_kv_cache_true_needs_a_model_with_a_cache():
     refused instead of silently running week 1's loop."""
     with pytest.raises(ValueError, match=r"kv_cache=True needs a model with make_cache\(\)"):
         generate_step(mx.array([1, 2]), lambda tokens, cache=None: tokens, kv_cache=True)
+
+
+class TurnsBad(CountingModel):
+    """The counting rule for `good` calls, then logits of `value` everywhere."""
+
+    def __init__(self, good: int, value: float):
+        super().__init__()
+        self.good, self.value = good, value
+
+    def __call__(self, tokens: mx.array, cache=None) -> mx.array:
+        out = super().__call__(tokens, cache)
+        return out if len(self.calls) <= self.good else mx.full(out.shape, self.value)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1),
+                                    SamplingParams(temperature=0.8, min_p=0.1, seed=2),
+                                    SamplingParams(top_p=0.9, seed=3)], ids=["greedy", "temperature", "min_p", "top_p"])
+@pytest.mark.parametrize("value, reason", [(math.nan, "no finite value"), (math.inf, r"\+inf")], ids=["nan", "inf"])
+def test_a_bad_step_stops_generation_before_its_token(params, value, reason):
+    """The engine (`params=`) samples ahead of the caller; when the model's third call gives
+    logits of NaN or +inf, the two good tokens come out, then a ValueError naming the row,
+    and the bad step's token is never handed out."""
+    got = []
+    with pytest.raises(ValueError, match=f"row 0: .*{reason}"):
+        for response in stream_generate(TurnsBad(2, value), word_tokenizer(), [1], max_tokens=8, params=params):
+            got.append(response.token)
+    assert got == [2, 3]
+

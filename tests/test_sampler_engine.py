@@ -930,3 +930,56 @@ def test_chi_square_two_level_draw_over_4096_tokens(kw):
     exp *= obs.sum() / exp.sum()
     stat, pvalue = chisquare(obs, exp)
     assert pvalue > ALPHA, f"{kw}: chi2={stat:.1f}, p={pvalue:.2e}"
+
+
+LAZY = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=5),
+        SamplingParams(temperature=0.9, min_p=0.05, seed=6), SamplingParams(top_p=0.9, seed=7)]
+
+
+@pytest.mark.parametrize("params", LAZY, ids=["greedy", "temperature", "min_p", "top_p"])
+def test_sample_lazily_draws_what_sample_draws(params, monkeypatch):
+    """Five steps of `sample_lazily` and of `sample` on the same rows give the same tokens;
+    greedy, temperature and min-p rows are drawn without evaluating anything (no
+    `mx.eval` until `confirm`), top-p's selection needs the logits and samples at once."""
+    x = mx.array(llm_like_logits(3, 2, 3000))
+    lazy, eager = Sampler(params), Sampler(params)
+    real_eval = mx.eval
+    for _ in range(5):
+        evals = []
+        monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(len(a)), real_eval(*a))[1])
+        tokens, confirm = lazy.sample_lazily(x)
+        monkeypatch.undo()
+        assert (evals == []) == (params.top_p >= 1)
+        confirm()
+        assert tokens.tolist() == eager.sample(x).tolist()
+
+
+def test_sample_lazily_counts_nan_as_excluded():
+    """A row with NaN at its largest logits: the lazy greedy draw is the checked path's
+    (the largest finite logit), not the NaN's index."""
+    row = np.array(llm_like_logits(4, 1, 500)[0])
+    best = int(np.argmax(row))
+    row[best] = np.nan
+    x = mx.array(row[None])
+    tokens, confirm = Sampler(SamplingParams(temperature=0.0)).sample_lazily(x)
+    confirm()
+    assert tokens.tolist() == Sampler(SamplingParams(temperature=0.0)).sample(x).tolist() != [best]
+
+
+@pytest.mark.parametrize("params, values, match", [
+    (SamplingParams(temperature=0.0), [0.0, math.nan], "row 1: the logits have no finite value"),
+    (SamplingParams(temperature=0.7, seed=1), [math.inf, 0.0], r"row 0: the logits have \+inf"),
+    (SamplingParams(temperature=1e-45, seed=1), [0.0, 0.0], "row 0: the sampling stages left no finite logit"),
+], ids=["nan-row", "inf-row", "overflow"])
+def test_sample_lazily_confirms_bad_rows_and_undoes_the_draw(params, values, match):
+    """A row that `sample` refuses: `confirm` raises the same ValueError, and the draw is
+    undone (the next draw uses the same uniforms as a fresh sampler's first)."""
+    x = mx.array(np.tile(np.array(values, dtype=np.float32)[:, None], (1, 50)) + np.arange(50, dtype=np.float32))
+    with pytest.raises(ValueError, match=match):
+        Sampler(params).sample(x)
+    sampler = Sampler(params)
+    _, confirm = sampler.sample_lazily(x)
+    with pytest.raises(ValueError, match=match):
+        confirm()
+    assert sampler.stats.draws == 0 and sampler._batch is None
+

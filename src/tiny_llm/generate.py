@@ -5,7 +5,8 @@ statistics; `generate` returns the whole text. Names and meanings follow `mlx_lm
 """
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -251,12 +252,14 @@ def stream_generate(
         if params is not None:
             if sampler is not None:
                 raise ValueError("pass either sampler or params, not both")
-            sampler, recorder = _engine_sampler(params, tokenizer, prompt.tolist())
+            sampler, recorder, confirmed = _engine_sampler(params, tokenizer, prompt.tolist())
             logits_processors = [*(logits_processors or []), recorder]
         steps = ((token, logprobs, False) for token, logprobs in generate_step(
             prompt[reused:], model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
             prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
         ))
+        if params is not None:
+            steps = confirmed(steps)
 
     if table is None:
         yield from _responses(steps, tokenizer, prompt, max_tokens, reused)
@@ -308,24 +311,39 @@ def _responses(steps, tokenizer: Tokenizer, prompt: mx.array, max_tokens: int,
 
 def _engine_sampler(
     params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]
-) -> tuple[SamplerFunction, LogitsProcessor]:
+) -> tuple[SamplerFunction, LogitsProcessor, Callable[[Iterable], Iterator]]:
     """Adapt the engine to generate_step: a last logits processor hands it the logits (its
     repetition penalty acts on logits, not on normalised log-probabilities), and the
-    sampler keeps the history."""
+    sampler keeps the history. The engine samples lazily where it can
+    (`Sampler.sample_lazily`), so the next step of the model is queued before the host
+    waits for this one's token, as with a sampler function; the third function wraps the
+    steps and confirms each token before it is handed on."""
     engine = params if isinstance(params, Sampler) else Sampler(params, tokenizer)
     history = list(prompt)
+    needs_history = engine.needs_history
     seen: list[mx.array] = []
+    drawn: list[mx.array] = []  # tokens sampled, not yet in `history`
+    checks: deque[Callable[[], None]] = deque()
 
     def record(_tokens: mx.array, logits: mx.array) -> mx.array:
         seen[:] = [logits]
         return logits
 
     def sample(_logprobs: mx.array) -> mx.array:
-        token = engine.sample(seen[0], [history])
-        history.append(int(token.item()))
+        if needs_history:  # the penalties look at every token so far
+            history.extend(int(t.item()) for t in drawn)
+            drawn.clear()
+        token, confirm = engine.sample_lazily(seen[0], [history] if needs_history else None)
+        drawn.append(token)
+        checks.append(confirm)
         return token
 
-    return sample, record
+    def confirmed(steps: Iterable) -> Iterator:
+        for step in steps:
+            checks.popleft()()
+            yield step
+
+    return sample, record, confirmed
 
 
 def generate(

@@ -14,7 +14,7 @@ min-p), the fast path's window (`fast.py`), or the whole chain (`stages.py`).
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -100,6 +100,12 @@ class Sampler:
         """Each row's parameters (one entry when one `SamplingParams` serves every row)."""
         return [self._template.params] if self._template else [r.params for r in self._rows]
 
+    @property
+    def needs_history(self) -> bool:
+        """Whether a row looks at the tokens so far (penalties, DRY): without, `history`
+        can be left out."""
+        return any(r.penalised or r.params.dry_multiplier > 0 for r in self._rows)
+
     def reset(self) -> None:
         """Forget the tokens drawn so far (counters), mirostat's running estimate and where
         each row's grammar has got to."""
@@ -137,6 +143,42 @@ class Sampler:
             tokens, _ = self._sample_checked(logits, history, rows, keep_final=False)
         self._finish(tokens, rows, start)
         return tokens
+
+    def sample_lazily(self, logits: mx.array, history: History = None) -> tuple[mx.array, Callable[[], None]]:
+        """`sample` without waiting for the logits, where the rows allow it (greedy, and
+        temperature and min-p without a grammar): returns the tokens `[B]` before they are
+        computed, so that a caller can queue the next step of its model first, and a
+        `confirm()` to call once they are, which raises what `sample` would have raised
+        for a row that cannot be sampled (its token must not be used then; the draw is
+        undone). Other rows
+        (top-p's and top-k's selections, grammars, mirostat) need the logits on the host:
+        they are sampled at once, and `confirm` has nothing to check."""
+        rows = self._batch_rows(_check_shape(logits)[0])
+        lazy = (not any(r.matcher for r in rows) and {r.kind for r in rows} <= {"greedy", "plain"}
+                and all(r.params.top_p >= 1 for r in rows))
+        drawn = self._plain_draw(logits, history, rows, clean=True) if lazy else None
+        if drawn is None:
+            return self.sample(logits, history), lambda: None
+        start = time.perf_counter()
+        tokens, probe = drawn
+        mx.async_eval(tokens, probe)
+        before = (self._rows, self._batch, self.stats.draws, self.stats.seconds)
+        self._finish(tokens, rows, start)
+
+        def confirm() -> None:
+            values = probe.tolist()
+            if all(map(math.isfinite, values)):
+                return
+            # A bad row: undo the draw, as `sample` raises before any state changes.
+            for r in rows:
+                r.counter -= 1
+            self._rows, self._batch, self.stats.draws, self.stats.seconds = before
+            self._checked(logits, history, rows)  # raises for bad logits
+            raise RowError(next(b for b, v in enumerate(values) if not math.isfinite(v)),
+                           "the sampling stages left no finite logit (a temperature or penalty "
+                           "this extreme overflows float32)")
+
+        return tokens, confirm
 
     def sample_with_logprobs(self, logits: mx.array, history: History = None) -> SampleResult:
         """Like `sample`, with the chosen tokens' log-probabilities, ranks and the top
@@ -264,30 +306,41 @@ class Sampler:
         """Greedy and plain rows (temperature, min-p, top-p), without the up-front check: the
         reductions these paths need anyway reveal NaN and empty rows. None if a row turns out
         to hold NaN or nothing finite (the checked path then runs, and raises)."""
+        drawn = self._plain_draw(logits, history, rows)
+        if drawn is None:
+            return None
+        tokens, probe = drawn
+        mx.eval(tokens, probe)
+        if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
+            return None
+        return tokens
+
+    def _plain_draw(self, logits: mx.array, history: History, rows: list[Row],
+                    clean: bool = False) -> tuple[mx.array, mx.array] | None:
+        """The graph of `_sample_plain`'s draw: tokens `[B]` and a probe `[B]` (NaN or +-inf:
+        a bad row). `clean`: NaN logits count as excluded first, as the checked path counts
+        them, so that the tokens of good rows are the checked path's. None where these
+        paths do not apply."""
         x = logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
         B, V = x.shape
         hist = _histories(history, B)
         if hist is None or any(r.params.logit_bias and max(r.params.logit_bias) >= V for r in rows):
             return None  # the checked path reports it
+        if clean:
+            x = mx.where(mx.isnan(x), -math.inf, x)
         y = _prefix(x, rows)
         if any(r.penalised for r in rows):
             y = fast.sparse_penalties(y, hist, [r.params for r in rows])
         if all(r.kind == "greedy" for r in rows):
-            tokens, probe = argmax_and_value(y)  # probe: the logit at the argmax, NaN or -inf: bad row
-        else:
-            groups = _groups(rows)
-            if len(groups) > 1:
-                return None
-            (key,) = groups
-            u = _uniforms(rows, rng.DRAW)
-            if all(r.params.min_p <= 0 and r.params.top_p >= 1 for r in rows):  # temperature alone: one pass
-                tokens, probe = draw(y / _col(rows, "temperature"), u)
-            else:
-                tokens, probe = _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)  # probe: the row max, NaN or -inf: bad row
-        mx.eval(tokens, probe)
-        if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
+            return argmax_and_value(y)  # probe: the logit at the argmax, NaN or -inf: bad row
+        groups = _groups(rows)
+        if len(groups) > 1:
             return None
-        return tokens
+        (key,) = groups
+        u = _uniforms(rows, rng.DRAW)
+        if all(r.params.min_p <= 0 and r.params.top_p >= 1 for r in rows):  # temperature alone: one pass
+            return draw(y / _col(rows, "temperature"), u)  # probe: the row max, NaN or -inf: bad row
+        return _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)
 
     def _sample_checked(self, logits: mx.array, history: History, rows: list[Row],
                         keep_final: bool) -> tuple[mx.array, mx.array | None]:
