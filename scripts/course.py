@@ -37,6 +37,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_sampler_stages.py": (),
     "tests/test_sampler_engine.py": (),
     "tests/test_sampler_fast.py": (),
+    "tests/test_sampler_search.py": (),
     "tests/test_sampler_draw_order.py": (),
     "tests/test_sampler_facade.py": ("week1-day7",),
     "tests/test_constrain_grammar.py": (),
