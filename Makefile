@@ -41,7 +41,7 @@ walkthrough: setup
 
 # Sampling speed against mlx-lm (QUICK=1 for a short smoke run).
 bench: setup
-	$(PY) scripts/bench_sampler.py $(if $(QUICK),--quick,)
+	$(PY) scripts/bench_sampler.py --rows typical,wide,flat $(if $(QUICK),--quick,)
 
 # Generation speed and memory against mlx-lm, and speculative decoding (QUICK=1: smoke runs).
 bench-generate: setup

@@ -39,15 +39,15 @@ def test_a_chat_turn_whole_and_streamed(client, default_tokenizer):
         finish == "stop" and whole.usage.completion_tokens <= 10)
 
 
-def test_ten_of_ten_json_schema_replies_validate(client):
-    """response_format json_schema: ten sampled choices (one prefill), each a whole JSON value
+def test_six_of_six_json_schema_replies_validate(client):
+    """response_format json_schema: six sampled choices (one prefill), each a whole JSON value
     that validates, ended by the model's own end-of-sequence token."""
     reply = client.chat.completions.create(
         model="default", messages=[{"role": "user", "content": "Describe a person as JSON with a name and an age."}],
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
-        n=10, temperature=0.8, seed=0, max_tokens=80)
-    assert len(reply.choices) == 10
+        n=6, temperature=0.8, seed=0, max_tokens=80)
+    assert len(reply.choices) == 6
     for choice in reply.choices:
         assert choice.finish_reason == "stop", choice.message.content
         jsonschema.validate(json.loads(choice.message.content), PERSON)
-    assert len({c.message.content for c in reply.choices}) > 5  # sampled, not one reply ten times
+    assert len({c.message.content for c in reply.choices}) > 3  # sampled, not one reply six times

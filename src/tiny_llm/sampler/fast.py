@@ -4,8 +4,9 @@ The most likely W tokens of each row are found by partial selection (one pass ov
 vocabulary) and only they are sorted. Every filter then works on this window; the mass of
 the whole vocabulary enters top-p through an exact sum over all tokens. A row whose answer
 could depend on a token outside the window (a nucleus larger than the window, ties at the
-window's edge, a min-p threshold below it, no filter at all) is reported for the full
-path, so the result is always the same as the reference chain's.
+window's edge, a min-p threshold below it, no filter at all) is reported for the chain
+(whose top-k and top-p need no sort either: `search.py`), so the result is always the
+same as the reference chain's.
 """
 
 import math
