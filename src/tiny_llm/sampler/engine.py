@@ -59,7 +59,7 @@ class SampleResult:
 @dataclass
 class SamplerStats:
     draws: int = 0  # tokens drawn (rows times calls)
-    seconds: float = 0.0  # wall time spent in sample / sample_with_logprobs
+    seconds: float = 0.0  # wall time spent in sample / sample_with_logprobs (sample_lazily: building the draw)
 
 
 class Sampler:
