@@ -360,6 +360,26 @@ def test_masks_are_cached_per_state():
     assert m.mask(m.advance(m.start, 1)) is first  # "a"* comes back to the same state
 
 
+def test_the_mask_cache_keeps_to_its_byte_budget(monkeypatch):
+    """A budget of two masks: walking through five states keeps at most two, the least
+    recently used leave first, and a mask computed again equals the one that left."""
+    table = TokenTable([b"<eos>", b"a", b"b", b"ab"], eos_token_ids=[0])
+    m = TokenMatcher(Grammar.from_gbnf('root ::= "a" "b" "a" "b" "a"'), table)
+    monkeypatch.setattr(TokenMatcher, "MASK_BYTES", 2 * table.size)
+    states = [m.start]
+    for token in (1, 2, 1, 2):
+        states.append(m.advance(states[-1], token))
+    first = m.mask(states[0]).copy()
+    for s in states[1:]:
+        m.mask(s)
+        assert len(m._masks) <= 2 and sum(v.nbytes for v in m._masks.values()) <= 2 * table.size
+    assert list(m._masks) == states[-2:]
+    m.mask(states[3])  # used again: now the most recent
+    m.mask(states[0])  # computed again, it pushes out the least recent (states[4])
+    assert list(m._masks) == [states[3], states[0]]
+    assert m.mask(states[0]).tolist() == first.tolist() == [False, True, False, True]
+
+
 def test_token_table_reads_byte_level_tokens(default_tokenizer):
     table = TokenTable.from_tokenizer(default_tokenizer)
     assert TokenTable.from_tokenizer(default_tokenizer) is table

@@ -8,7 +8,8 @@ a chat template's markers) have no text and are never allowed.
 `TokenTable` lays the vocabulary out once per tokenizer: the tokens' bytes in a matrix,
 sorted by length. A mask is then computed for all tokens at once, one byte column at a
 time: the states of all tokens still alive go through the automaton's transition table with
-a single gather. Masks are kept per state, so a state seen again costs nothing.
+a single gather. Masks are kept per state, up to a byte budget (least recently used go
+first), so a state seen again costs nothing.
 """
 
 from __future__ import annotations
@@ -101,14 +102,14 @@ class TokenMatcher:
     """A grammar over one vocabulary. States are the automaton's state numbers:
     `start`, then `advance(state, token)` after each token."""
 
-    MAX_MASKS = 1024  # masks kept (each is one bool per token)
+    MASK_BYTES = 256 << 20  # bytes of masks kept per matcher (one byte per token each)
 
     def __init__(self, grammar: Grammar, table: TokenTable):
         self.grammar = grammar
         self.automaton: Automaton = grammar.automaton
         self.table = table
         self.start = self.automaton.start
-        self._masks: dict[int, np.ndarray] = {}
+        self._masks: dict[int, np.ndarray] = {}  # least recently used first
 
     @classmethod
     def get(cls, grammar: Grammar, table: TokenTable) -> TokenMatcher:
@@ -136,11 +137,13 @@ class TokenMatcher:
     def mask(self, state: int, size: int | None = None) -> np.ndarray:
         """Which tokens may come next: bool `[size]` (default: the table's size; ids past
         the table are never allowed)."""
-        mask = self._masks.get(state)
+        mask = self._masks.pop(state, None)
         if mask is None:
-            if len(self._masks) >= self.MAX_MASKS:
+            mask = self._compute(state)
+            # Make room within the budget, least recently used first (the newest always stays).
+            while self._masks and (len(self._masks) + 1) * mask.nbytes > self.MASK_BYTES:
                 self._masks.pop(next(iter(self._masks)))
-            mask = self._masks[state] = self._compute(state)
+        self._masks[state] = mask  # now the most recently used
         size = self.table.size if size is None else size
         if size == len(mask):
             return mask

@@ -129,7 +129,7 @@ def _nucleus_threshold(x: np.ndarray, e: np.ndarray, p: np.float32, whole) -> np
         return np.float32(-np.inf)
     if whole is None:
         # The reference's normaliser for a cut row: a running sum from the top over every
-        # candidate, so every candidate is taken (a cut row has few).
+        # candidate, so every candidate is taken (as many as the filter before it left).
         xs, es = _largest(x, e, n)
         z = np.cumsum(es, dtype=np.float32)[-1]
     else:
