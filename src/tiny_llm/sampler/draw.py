@@ -48,27 +48,19 @@ def inverse_cdf(w: mx.array, u: mx.array) -> mx.array:
 def draw(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
     """One token per row: the first whose running (unnormalised) mass, in vocabulary order,
     reaches u times the total. Excluded tokens add exactly 0 and are never chosen. Also
-    returns each row's max (NaN or -inf reveal a row that cannot be sampled)."""
-    B, V = final.shape
-    if V % stages.CHUNK or V < 4 * stages.CHUNK:
-        return draw_flat(final, u)
-    top = mx.max(mx.max(final.reshape(B, V // stages.CHUNK, stages.CHUNK), axis=-1), axis=-1)  # B
-    return draw_weights(stages.exp(final - top[:, None]), u), top
-
-
-def draw_weights(w: mx.array, u: mx.array) -> mx.array:
-    """`[B]` int32: `draw` from the unnormalised probabilities `w [B, V]` themselves, for
-    callers that have computed `exp(final - max)` already (the same numbers `draw` would).
+    returns each row's max (NaN or -inf reveal a row that cannot be sampled).
 
     The running mass is kept in two levels when the vocabulary splits into chunks of 64: a
     running sum inside every chunk, and a running sum of the chunk totals. The draw finds
     the chunk first, then the token inside it; on MLX's CPU backend this is about 1.7x
     faster than one running sum over the row. Both levels go through `first_reaching`,
     so the token has positive mass whatever order the sums were added in (see above)."""
-    B, V = w.shape
+    B, V = final.shape
     if V % stages.CHUNK or V < 4 * stages.CHUNK:
-        return inverse_cdf(w, u)
-    e = w.reshape(B, V // stages.CHUNK, stages.CHUNK)  # B, N, C
+        return draw_flat(final, u)
+    y = final.reshape(B, V // stages.CHUNK, stages.CHUNK)
+    top = mx.max(mx.max(y, axis=-1), axis=-1)  # B
+    e = stages.exp(y - top[:, None, None])  # B, N, C
     inside = running_sum(e)  # B, N, C
     mass = inside[..., -1]  # B, N: each chunk's total, positive iff one of its tokens is
     chunks = running_sum(mass)  # B, N: mass up to the end of each chunk
@@ -82,7 +74,7 @@ def draw_weights(w: mx.array, u: mx.array) -> mx.array:
     # Summed in another order, the chunk's last running value may fall short of chunks[j]
     # (and so of the target): aim at most at the largest value at a positive token.
     k = first_reaching(running, positive, mx.minimum(target, reach(running, positive)))
-    return j * stages.CHUNK + k
+    return j * stages.CHUNK + k, top
 
 
 @mx.compile

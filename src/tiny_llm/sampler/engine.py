@@ -150,9 +150,8 @@ class Sampler:
         computed, so that a caller can queue the next step of its model first, and a
         `confirm()` to call once they are, which raises what `sample` would have raised
         for a row that cannot be sampled (its token must not be used then; the draw is
-        undone). Other rows
-        (top-p's and top-k's selections, grammars, mirostat) need the logits on the host:
-        they are sampled at once, and `confirm` has nothing to check."""
+        undone). Other rows (top-p's and top-k's selections, grammars, mirostat) need the
+        logits on the host: they are sampled at once, and `confirm` has nothing to check."""
         rows = self._batch_rows(_check_shape(logits)[0])
         lazy = (not any(r.matcher for r in rows) and {r.kind for r in rows} <= {"greedy", "plain"}
                 and all(r.params.top_p >= 1 for r in rows))
@@ -648,8 +647,12 @@ def _logprobs(logits: mx.array, final: mx.array, tokens: mx.array, n: int) -> Sa
         chosen = mx.take_along_axis(lp, tokens[:, None], axis=-1)  # B, 1
         rank = mx.sum(lp > chosen, axis=-1)
         # The n most likely by a selection, then only they are sorted.
-        order = mx.argpartition(-lp, n - 1, axis=-1)[:, :n] if 0 < n < lp.shape[-1] else mx.argsort(-lp, axis=-1)[:, :n]
-        order = mx.take_along_axis(order, mx.argsort(-mx.take_along_axis(lp, order, axis=-1), axis=-1), axis=-1)
+        B, V = lp.shape
+        if n == 0:
+            order = mx.zeros((B, 0), dtype=mx.uint32)
+        else:
+            order = mx.argpartition(-lp, n - 1, axis=-1)[:, :n] if n < V else mx.argsort(-lp, axis=-1)
+            order = mx.take_along_axis(order, mx.argsort(-mx.take_along_axis(lp, order, axis=-1), axis=-1), axis=-1)
         return chosen[:, 0], rank, order, mx.take_along_axis(lp, order, axis=-1)
 
     lp, rank, top, top_lp = describe(fin)
