@@ -1,6 +1,7 @@
 """Engine — the `tiny-llm` command line: `generate`, `chat`, `batch`, `serve` and `smoke`."""
 
 import argparse
+import atexit
 import dataclasses
 import json
 import re
@@ -816,7 +817,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _finish_mlx() -> None:
+    """At exit, while the interpreter is still whole: wait for work still queued (a reply
+    that ended early leaves the next step running) and release the main thread's streams.
+    MLX asks for this; its own clean-up comes after the interpreter's and can crash."""
+    mx.synchronize()
+    mx.clear_streams()
+
+
 def main(argv: list[str] | None = None) -> int:
+    atexit.unregister(_finish_mlx)  # once, however often `main` runs in one process
+    atexit.register(_finish_mlx)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):

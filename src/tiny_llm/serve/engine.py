@@ -13,6 +13,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
 from ..batch import BatchGenerator, TokenLogprobs
 from ..constrain import TokenTable
 from ..defaults import PAGE_SIZE
@@ -135,6 +137,13 @@ class Engine:
     # ---- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:  # MLX asks each thread to release its streams before it ends
+            mx.synchronize()
+            mx.clear_streams()
+
+    def _loop(self) -> None:
         while True:
             while True:
                 try:
