@@ -3,6 +3,7 @@
 import contextlib
 import functools
 import itertools
+import json
 import sys
 
 import numpy as np
@@ -241,6 +242,9 @@ CASES = {
     "nesting": ('root ::= "(" root ")" root | ""', "()é", 5),
     "strings": (r'root ::= "\"" [^"\\]* "\"" | [0-9]{1,3}', '"\\1é', 3),
     "unicode": ("root ::= [α-ω]+ \"中\"? | \"😀\" [^α-ω]", "αω中😀a", 3),
+    # Bounded repetitions longer than the tokens (their masks are shared between depths),
+    # and characters the grammar takes whole (their unfinished bytes share states).
+    "bounded": ('root ::= "\\"" [^"\\\\]{0,9} "\\"" [é東]{2,5}', '"aé東', 4),
 }
 
 
@@ -284,6 +288,10 @@ def can_complete(member, alphabet: str, data: bytes, room: int = 3) -> bool:
         if not tail:
             return any(member(head + s) for s in strings(alphabet, room))
         firsts = [c for c in alphabet if c.encode().startswith(tail) and len(c.encode()) > len(tail)]
+        try:  # and a character outside the alphabet, for classes that hold more than it
+            firsts.append((tail + b"\x80" * (_length(tail[0]) - len(tail))).decode())
+        except (UnicodeDecodeError, IndexError):
+            pass
         return any(member(head + c + s) for c in firsts for s in strings(alphabet, room - 1))
     return False
 
@@ -296,6 +304,8 @@ def test_mask_equals_brute_force(case):
     matcher = TokenMatcher(Grammar.from_gbnf(gbnf), table)
     rng = np.random.default_rng(7)
     prefixes = {b"", b"\xce"}  # the empty text, and the first byte of 'α' (or of nothing)
+    for wide in (c.encode() for c in alphabet if len(c.encode()) > 1):  # the first character, then part of one
+        prefixes |= {alphabet[0].encode() + wide[:k] for k in range(1, len(wide))}
     for _ in range(16):  # random texts that can still be completed, some cut mid-character
         text = ""
         for _ in range(rng.integers(0, 4)):
@@ -321,12 +331,20 @@ def test_mask_equals_brute_force(case):
         if state == 0:  # a dead prefix allows nothing
             assert not expected.any()
             continue
-        got = matcher.mask(state)
-        assert got.tolist() == expected.tolist(), (case, data, table.tokens)
-        assert [matcher.allows(state, i) for i in range(table.size)] == expected.tolist()
+        # The matcher that has seen the states before (its masks share parts), and a new one
+        # that reaches this state first by walking to it.
+        fresh = TokenMatcher(Grammar.from_gbnf(gbnf), table)
+        for m, s in ((matcher, state), (fresh, fresh.automaton.walk(fresh.start, data))):
+            assert m.mask(s).tolist() == expected.tolist(), (case, data, table.tokens)
+            assert [m.allows(s, i) for i in range(table.size)] == expected.tolist()
         checked_partial |= not _valid(data)
     # Live prefixes cut inside a character were checked (the nesting grammar has none).
     assert checked_partial == (case != "nesting")
+
+
+def _length(lead: int) -> int:
+    """The length in bytes of the UTF-8 character that starts with `lead`."""
+    return 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
 
 
 def _valid(data: bytes) -> bool:
@@ -360,6 +378,28 @@ def test_masks_are_cached_per_state():
     assert m.mask(m.advance(m.start, 1)) is first  # "a"* comes back to the same state
 
 
+def test_masks_along_a_bounded_repetition_share_parts_and_equal_brute_force():
+    """In `[ab]{0,30} "c"` a token of n letters fits while n letters are left. Each length
+    bucket's part of a mask is shared between the depths that leave more letters than its
+    tokens have; every depth's mask is still exact."""
+    letters = [("ab" * 20)[:n].encode() for n in range(1, 40)]
+    closing = [("ba" * 20)[:n].encode() + b"c" for n in range(40)]
+    vocab = [b"<eos>", *letters, *closing]
+    table = TokenTable(vocab, eos_token_ids=[0])
+    m = TokenMatcher(Grammar.from_gbnf('root ::= [ab]{0,30} "c"'), table)
+    state = m.start
+    for k in range(31):
+        left = 30 - k
+        expected = [False] + [len(t) <= left for t in letters] + [len(t) - 1 <= left for t in closing]
+        assert m.mask(state).tolist() == expected, k
+        state = m.advance(state, 1)  # one more "a"
+    assert m.stats.masks == 31
+    # A bucket of tokens up to h bytes tells apart the depths that leave 0..h+1 letters,
+    # and walks once for all the deeper ones: h + 2 walks (31 for the longest buckets).
+    assert [h for _, _, h in table.buckets] == [2, 4, 6, 8, 10, 12, 16, 24, 32, 40]
+    assert m.stats.walks == sum(min(31, h + 2) for _, _, h in table.buckets) == 160
+
+
 def test_the_mask_cache_keeps_to_its_byte_budget(monkeypatch):
     """A budget of two masks: walking through five states keeps at most two, the least
     recently used leave first, and a mask computed again equals the one that left."""
@@ -378,6 +418,31 @@ def test_the_mask_cache_keeps_to_its_byte_budget(monkeypatch):
     m.mask(states[0])  # computed again, it pushes out the least recent (states[4])
     assert list(m._masks) == [states[3], states[0]]
     assert m.mask(states[0]).tolist() == first.tolist() == [False, True, False, True]
+
+
+def test_masks_of_the_default_vocabulary_along_a_bounded_non_ascii_string(default_tokenizer):
+    """A schema with a long bounded string, followed token by token through German and
+    Japanese text: at sampled positions (inside characters cut by the tokenizer, deep in
+    the repetition and near its end) every mask equals each token checked on its own."""
+    table = TokenTable.from_tokenizer(default_tokenizer)
+    grammar = Grammar.from_json_schema({"type": "object", "required": ["bio"],
+                                        "properties": {"bio": {"type": "string", "maxLength": 120}}})
+    m = TokenMatcher(grammar, table)
+    bio = "Größe zählt nicht; 東京の空は青い. " * 3
+    text = json.dumps({"bio": bio[:118]}, ensure_ascii=False)
+    ids = default_tokenizer.encode(text)
+    state, checked, inside = m.start, 0, 0
+    for i, token in enumerate(ids):
+        mask = m.mask(state)
+        assert mask[token]
+        if i % 9 == 4 or i >= len(ids) - 3:
+            expected = [m.allows(state, t) for t in range(table.size)]
+            assert mask.tolist() == expected, (i, text)
+            checked += 1
+            inside += isinstance(grammar.automaton.states[state][1], tuple)
+        state = m.advance(state, token)
+    assert m.accepting(state) and checked >= 6 and inside >= 1
+    assert m.stats.walks < m.stats.masks * len(table.buckets)  # parts were shared
 
 
 def test_token_table_reads_byte_level_tokens(default_tokenizer):

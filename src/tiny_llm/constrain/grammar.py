@@ -296,6 +296,7 @@ class Program:
         self._charset_ids: dict[tuple, int] = {}
         self._ids = {name: self._new_rule(name) for name in rules}
         bodies: dict[int, list[list[tuple]]] = {}
+        self.chains: list[list[int]] = []  # each bounded repetition's rules, by depth (see below)
         self._pending = deque((self._ids[n], body) for n, body in rules.items())
         self.owner = list(range(len(self.names)))  # the written rule each rule comes from
         while self._pending:  # helper rules made for groups and repetitions join the queue
@@ -309,6 +310,7 @@ class Program:
                     self.kind.append(kind), self.arg.append(arg)
                 self.kind.append(END), self.arg.append(-1)
         self.root = self._ids[root]
+        self._number_repetitions()
         self._check_left_recursion()
         self._drop_dead_ends()
 
@@ -347,14 +349,40 @@ class Program:
             self._pending.append((rule, ("alt", (("seq", (item, ("ref_id", rule))), ("seq", ())))))
             out.append((REF, rule))
         elif hi > lo:  # R1 ::= item | "";  Rk ::= item R(k-1) | ""
-            inner = None
+            inner, chain = None, []
             for _ in range(hi - lo):
                 rule = self._new_rule(f"opt-{len(self.names)}")
                 seq = (item,) if inner is None else (item, ("ref_id", inner))
                 self._pending.append((rule, ("alt", (("seq", seq), ("seq", ())))))
                 inner = rule
+                chain.append(rule)
+            self.chains.append(chain)
             out.append((REF, inner))
         return out
+
+    def _number_repetitions(self) -> None:
+        """Where each element of a bounded repetition's rules stands: `depth[e]` (how many
+        more items Rk allows, 0 outside such rules), its chain and its offset in the
+        rule's first alternative. From depth 2 on the rules of a chain are laid out alike,
+        so an offset names the same place in each."""
+        n = len(self.kind)
+        self.depth, self.chain_of, self.offset = [0] * n, [0] * n, [0] * n
+        self.chain_starts = [[self.alts[rule][0] for rule in chain] for chain in self.chains]
+        for c, chain in enumerate(self.chains):
+            for d, rule in enumerate(chain, 1):
+                start, end = self.alts[rule]
+                for e in range(start, end):
+                    self.depth[e], self.chain_of[e], self.offset[e] = d, c, e - start
+
+    def shallow(self, e: int, horizon: int) -> int:
+        """Element `e`, or, in a bounded repetition that allows more than `horizon` + 1
+        further items, the same place in the rule that allows `horizon` + 1. Within
+        `horizon` bytes the two cannot be told apart: each item that reads a byte uses one
+        repetition, and both have more left than the bytes can use."""
+        d = self.depth[e]
+        if d <= horizon + 1:
+            return e
+        return self.chain_starts[self.chain_of[e]][horizon] + self.offset[e]
 
     def _check_left_recursion(self) -> None:
         """A rule that can reach itself before consuming a character would expand forever."""
@@ -488,13 +516,30 @@ class Automaton:
             rest = stack[:-1] + ((top + 1,) if kind[top + 1] != END else ())
             todo.extend(rest + (alt,) if kind[alt] != END else rest for alt in alts[arg[top]])
 
-    def _feed(self, stacks: frozenset, cp: int) -> frozenset:
+    def _feed(self, stacks: frozenset, cp: int | None) -> frozenset:
+        """The stacks after character `cp` (None: every stack takes it)."""
         kind, arg = self.program.kind, self.program.arg
         out: set = set()
         moved = [stack[:-1] + ((stack[-1] + 1,) if kind[stack[-1] + 1] != END else ())
-                 for stack in stacks if stack and self._match[arg[stack[-1]]](cp)]
+                 for stack in stacks if stack and (cp is None or self._match[arg[stack[-1]]](cp))]
         self._expand(moved, out)
         return frozenset(out)
+
+    def _taking_all(self, stacks: frozenset, lo: int, hi: int) -> frozenset | None:
+        """The stacks whose next character class holds all of [lo, hi], if every other
+        stack's holds none of it; None if some class holds part of the range."""
+        arg, charsets = self.program.arg, self.program.charsets
+        takers = []
+        for stack in stacks:
+            if not stack:
+                continue
+            charset = charsets[arg[stack[-1]]]
+            if not _overlaps(charset, lo, hi):
+                continue
+            if _overlaps((tuple(sorted(charset[0])), not charset[1]), lo, hi):
+                return None  # part of the range only
+            takers.append(stack)
+        return frozenset(takers)
 
     def _may_start(self, stacks: frozenset, lo: int, hi: int) -> bool:
         """Does some stack accept a character in [lo, hi]?"""
@@ -521,8 +566,15 @@ class Automaton:
         """The state after one more byte."""
         nxt = int(self.table[sid, byte])
         if nxt < 0:
+            pending = self.states[sid][1]
+            if isinstance(pending, tuple):  # every allowed byte leads to the same state
+                _, lo, hi = pending
+                going = self._compute(sid, lo)
+                self.table[sid] = self.DEAD
+                self.table[sid, lo: hi + 1] = going
+                return going if lo <= byte <= hi else self.DEAD
             nxt = self._compute(sid, byte)
-            if byte < 0x80 and not self.states[sid][1]:
+            if byte < 0x80 and not pending:
                 self.table[sid, self._alike[byte]] = nxt
             else:
                 self.table[sid, byte] = nxt
@@ -530,6 +582,13 @@ class Automaton:
 
     def _compute(self, sid: int, byte: int) -> int:
         stacks, pending = self.states[sid]
+        if isinstance(pending, tuple):  # (bytes still to come, range of the next byte)
+            left, lo, hi = pending
+            if not lo <= byte <= hi:
+                return self.DEAD
+            if left > 1:
+                return self._state(stacks, (left - 1, 0x80, 0xBF))
+            return self._state(self._feed(stacks, None), b"")
         if not pending:
             if byte < 0x80:
                 return self._state(self._feed(stacks, byte), b"")
@@ -542,9 +601,19 @@ class Automaton:
         if span is None:
             return self.DEAD
         lo, hi = span
-        if lo == hi and len(pending) == _utf8_length(pending[0]):
+        length = _utf8_length(pending[0])
+        if lo == hi and len(pending) == length:
             return self._state(self._feed(stacks, lo), b"")
-        return self._state(stacks, pending) if self._may_start(stacks, lo, hi) else self.DEAD
+        if not self._may_start(stacks, lo, hi):
+            return self.DEAD
+        takers = self._taking_all(stacks, lo, hi)
+        if takers is not None:
+            # The stacks that go on take every character this one can still become: which
+            # one it is no longer matters, only how many bytes are left and what the next
+            # may be. Characters of many lead bytes then share their states (and masks).
+            second = _SECOND.get(pending[0], (0x80, 0xBF)) if len(pending) == 1 else (0x80, 0xBF)
+            return self._state(takers, (length - len(pending), *second))
+        return self._state(stacks, pending)
 
     def walk(self, sid: int, data: bytes) -> int:
         for byte in data:
@@ -552,6 +621,15 @@ class Automaton:
             if sid == self.DEAD:
                 break
         return sid
+
+    def mask_key(self, sid: int, horizon: int) -> tuple:
+        """What decides which texts of at most `horizon` bytes can follow state `sid`: its
+        stacks with every bounded repetition cut to `horizon` + 1 items left (see
+        `Program.shallow`), and its unfinished character. States with equal keys allow
+        the same tokens of that length."""
+        stacks, pending = self.states[sid]
+        shallow = self.program.shallow
+        return frozenset(tuple(shallow(e, horizon) for e in stack) for stack in stacks), pending
 
     def accepting(self, sid: int) -> bool:
         """Is the text so far a whole sentence?"""

@@ -6,24 +6,37 @@ allowed exactly where the text is a whole sentence. Special tokens (control toke
 a chat template's markers) have no text and are never allowed.
 
 `TokenTable` lays the vocabulary out once per tokenizer: the tokens' bytes in a matrix,
-sorted by length. A mask is then computed for all tokens at once, one byte column at a
+sorted by length. A mask is then computed for many tokens at once, one byte column at a
 time: the states of all tokens still alive go through the automaton's transition table with
 a single gather. Masks are kept per state, up to a byte budget (least recently used go
 first), so a state seen again costs nothing.
+
+A new state rarely needs all of its mask computed. The table cuts the vocabulary into
+buckets by token length, and a bucket's part of the mask depends only on what the state
+allows within that many bytes (`Automaton.mask_key`): inside a string of at most 200
+characters, the short tokens' answer is the same 150 characters from the end as 100, so
+only the buckets of long tokens are walked again as the string fills up. An unfinished
+non-ASCII character that the grammar takes whole is one state whatever the character, so
+text in any script shares its masks too.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import weakref
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .grammar import Automaton, Grammar
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Token lengths (bytes) where the buckets end: short buckets where most tokens are, so that
+# a bounded repetition leaves them alone as long as possible.
+BUCKET_EDGES = [2, 4, 6, 8, 10, 12, 16, 24, 32, 64]
 
 
 class TokenTable:
@@ -45,6 +58,9 @@ class TokenTable:
             self.bytes[row, : lengths[row]] = np.frombuffer(self.tokens[i], dtype=np.uint8)
         # starts[k]: the first row (in `order`) whose token has more than k bytes.
         self.starts = np.searchsorted(lengths, np.arange(width), side="right")
+        # Buckets of rows by token length: (first row, end row, longest token in bytes).
+        edges = np.searchsorted(lengths, BUCKET_EDGES, side="right").tolist() + [len(text)]
+        self.buckets = [(a, b, int(lengths[b - 1])) for a, b in zip([0, *edges], edges) if b > a]
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenTable:
@@ -98,18 +114,32 @@ def _byte_alphabet() -> dict[str, int]:
     return chars
 
 
+@dataclass
+class MaskStats:
+    """What a matcher's masks cost: masks built (states not in the cache), bucket walks
+    they needed (the rest came from the bucket cache), and the seconds they took."""
+
+    masks: int = 0
+    walks: int = 0
+    seconds: float = 0.0
+
+
 class TokenMatcher:
     """A grammar over one vocabulary. States are the automaton's state numbers:
     `start`, then `advance(state, token)` after each token."""
 
-    MASK_BYTES = 256 << 20  # bytes of masks kept per matcher (one byte per token each)
+    MASK_BYTES = 256 << 20  # bytes of whole masks kept per matcher (one byte per token each);
+    # as many again for the buckets' parts
 
     def __init__(self, grammar: Grammar, table: TokenTable):
         self.grammar = grammar
         self.automaton: Automaton = grammar.automaton
         self.table = table
         self.start = self.automaton.start
+        self.stats = MaskStats()
         self._masks: dict[int, np.ndarray] = {}  # least recently used first
+        self._parts: dict[tuple, np.ndarray] = {}  # (bucket, mask key) -> allowed, per row
+        self._part_bytes = 0
 
     @classmethod
     def get(cls, grammar: Grammar, table: TokenTable) -> TokenMatcher:
@@ -139,7 +169,10 @@ class TokenMatcher:
         the table are never allowed)."""
         mask = self._masks.pop(state, None)
         if mask is None:
+            start = time.perf_counter()
             mask = self._compute(state)
+            self.stats.masks += 1
+            self.stats.seconds += time.perf_counter() - start
             # Make room within the budget, least recently used first (the newest always stays).
             while self._masks and (len(self._masks) + 1) * mask.nbytes > self.MASK_BYTES:
                 self._masks.pop(next(iter(self._masks)))
@@ -153,14 +186,33 @@ class TokenMatcher:
 
     def _compute(self, state: int) -> np.ndarray:
         t = self.table
-        states = np.full(len(t.order), state, dtype=np.int32)
-        for k, start in enumerate(t.starts.tolist()):
-            live = start + np.flatnonzero(states[start:])  # tokens longer than k bytes, alive
-            if not len(live):
-                break
-            states[live] = self.automaton.grow(states[live], t.bytes[live, k])
+        alive = np.empty(len(t.order), dtype=bool)
+        for b, (first, end, longest) in enumerate(t.buckets):
+            key = (b, self.automaton.mask_key(state, longest))
+            part = self._parts.pop(key, None)
+            if part is None:
+                part = self._walk(state, first, end, longest)
+                self.stats.walks += 1
+                self._part_bytes += part.nbytes
+                while self._parts and self._part_bytes > self.MASK_BYTES:
+                    self._part_bytes -= self._parts.pop(next(iter(self._parts))).nbytes
+            self._parts[key] = part  # now the most recently used
+            alive[first:end] = part
         mask = np.zeros(t.size, dtype=bool)
-        mask[t.order] = states != Automaton.DEAD
+        mask[t.order] = alive
         if self.automaton.accepting(state):
             mask[list(t.eos)] = True
         return mask
+
+    def _walk(self, state: int, first: int, end: int, longest: int) -> np.ndarray:
+        """Which tokens of rows first..end (at most `longest` bytes) the automaton takes
+        whole from `state`: all at once, a byte column at a time."""
+        t = self.table
+        states = np.full(end - first, state, dtype=np.int32)
+        for k in range(longest):
+            start = max(int(t.starts[k]), first) - first  # the rows longer than k bytes
+            live = start + np.flatnonzero(states[start:])
+            if not len(live):
+                break
+            states[live] = self.automaton.grow(states[live], t.bytes[first + live, k])
+        return states != Automaton.DEAD
