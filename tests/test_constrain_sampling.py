@@ -169,6 +169,36 @@ def test_mask_first_rows_draw_the_same_tokens_alone_and_beside_other_rows():
     assert len({a for a, _ in tokens}) > 3
 
 
+def test_grammar_rows_leave_the_other_rows_on_their_own_path(monkeypatch):
+    """Beside grammar rows, rows without one skip the up-front checks (only the grammar
+    rows go through them) and draw what they draw alone; an error names its row's place
+    in the whole batch."""
+    sizes = []
+    checked = Sampler._checked
+
+    def spy(self, x, history, rows):
+        sizes.append(x.shape[0])
+        return checked(self, x, history, rows)
+
+    monkeypatch.setattr(Sampler, "_checked", spy)
+    params = [SamplingParams(temperature=0.9, seed=1), with_grammar(SamplingParams(temperature=0.9, seed=2)),
+              SamplingParams(min_p=0.1, temperature=0.7, seed=3),
+              with_grammar(SamplingParams(temperature=1.2, seed=4), grammar_first=True)]
+    batch, alone = Sampler(params, TABLE), [Sampler(p, TABLE) for p in params]
+    for step in range(4):
+        x = logits(300 + step, B=4)
+        sizes.clear()
+        got = batch.sample(x).tolist()
+        assert sizes == [2]
+        assert got == [a.sample(x[b:b + 1]).item() for b, a in enumerate(alone)]
+    stuck = params[:3] + [SamplingParams(grammar=Grammar.from_gbnf('root ::= "z"'))]
+    with pytest.raises(ValueError, match="row 3: the grammar allows no token here"):
+        Sampler(stuck, TABLE).sample(logits(0, B=4))
+    nan = mx.where(mx.arange(4)[:, None] == 2, math.nan, logits(0, B=4))
+    with pytest.raises(ValueError, match="row 2: the logits have no finite value"):
+        Sampler(params, TABLE).sample(nan)
+
+
 def test_shared_params_give_every_row_its_own_state():
     table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
     s = Sampler(SamplingParams(temperature=0.0, grammar=Grammar.from_gbnf('root ::= "a" "b"')), table)

@@ -133,12 +133,16 @@ class Sampler:
 
     def sample(self, logits: mx.array, history: History = None) -> mx.array:
         """One token per row, `[B]`; advances each row's counter (and mirostat state)."""
+        rows = self._batch_rows(_check_shape(logits)[0])
+        self._masks_meanwhile(logits, rows)
         mx.eval(logits)  # the model's work is not sampling time
         start = time.perf_counter()
-        rows = self._batch_rows(_check_shape(logits)[0])
         tokens = None
-        if not any(r.matcher for r in rows) and {r.kind for r in rows} <= {"greedy", "plain"}:
+        free = [b for b, r in enumerate(rows) if not r.matcher and r.kind in ("greedy", "plain")]
+        if len(free) == len(rows):
             tokens = self._sample_plain(logits, history, rows)
+        elif free and all(r.matcher for b, r in enumerate(rows) if b not in set(free)):
+            tokens = self._sample_apart(logits, history, rows, free)
         if tokens is None:
             tokens, _ = self._sample_checked(logits, history, rows, keep_final=False)
         self._finish(tokens, rows, start)
@@ -182,9 +186,10 @@ class Sampler:
     def sample_with_logprobs(self, logits: mx.array, history: History = None) -> SampleResult:
         """Like `sample`, with the chosen tokens' log-probabilities, ranks and the top
         `logprobs` candidates, both in the final and in the raw distribution."""
+        rows = self._batch_rows(_check_shape(logits)[0])
+        self._masks_meanwhile(logits, rows)
         mx.eval(logits)
         start = time.perf_counter()
-        rows = self._batch_rows(_check_shape(logits)[0])
         tokens, final = self._sample_checked(logits, history, rows, keep_final=True)
         result = _logprobs(logits, final, tokens, max(r.params.logprobs for r in rows))
         self._finish(tokens, rows, start)
@@ -236,6 +241,17 @@ class Sampler:
         while len(self._seeds) <= b:
             self._seeds.append(seed if seed is not None else secrets.randbits(32))
         return self._seeds[b]
+
+    @staticmethod
+    def _masks_meanwhile(logits: mx.array, rows: list[Row]) -> None:
+        """Rows that mask first need their grammar's mask whatever the logits say: start
+        the logits (the model's step) and build the masks on the host while they compute;
+        `_constrain` then finds them in the matcher's cache."""
+        first = [r for r in rows if r.matcher and r.params.grammar_first]
+        if first:
+            mx.async_eval(logits)
+            for r in first:
+                r.matcher.mask(r.grammar_at())
 
     def _finish(self, tokens: mx.array, rows: list[Row], start: float) -> None:
         """A draw succeeded: every row moves one step on its stream."""
@@ -313,6 +329,28 @@ class Sampler:
         if not all(map(math.isfinite, probe.tolist())):  # NaN or +-inf: a bad row
             return None
         return tokens
+
+    def _sample_apart(self, logits: mx.array, history: History, rows: list[Row],
+                      free: list[int]) -> mx.array | None:
+        """A batch of grammar rows and rows of the plain path: each part by its own path, so
+        that a grammar row does not send the others through the checks. None if a plain
+        row turns out bad or the history does not fit (the checked path then runs, and
+        raises); a grammar row's `RowError` names its row in the whole batch."""
+        B = len(rows)
+        hist = _histories(history, B)
+        if hist is None:
+            return None
+        held = [b for b in range(B) if b not in set(free)]
+        tokens_free = self._sample_plain(logits[mx.array(free)], [hist[b] for b in free], [rows[b] for b in free])
+        if tokens_free is None:
+            return None
+        try:
+            tokens_held, _ = self._sample_checked(logits[mx.array(held)], [hist[b] for b in held],
+                                                  [rows[b] for b in held], keep_final=False)
+        except RowError as e:
+            raise RowError(held[e.row], e.reason) from None
+        tokens = scatter_rows(mx.zeros((B,), dtype=mx.int32), mx.array(free), tokens_free.astype(mx.int32))
+        return scatter_rows(tokens, mx.array(held), tokens_held.astype(mx.int32))
 
     def _plain_draw(self, logits: mx.array, history: History, rows: list[Row],
                     clean: bool = False) -> tuple[mx.array, mx.array] | None:
