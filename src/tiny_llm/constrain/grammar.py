@@ -489,6 +489,7 @@ class Automaton:
         self.states: list[tuple[frozenset, bytes]] = [(frozenset(), b"")]
         self._ids: dict[tuple[frozenset, bytes], int] = {}
         self.table = np.full((64, 256), -1, dtype=np.int32)  # -1: not computed yet
+        self._mixed: set[int] = set()  # states whose stacks take some non-ASCII characters only
         self.table[0] = 0
         start: set[tuple[int, ...]] = set()
         self._expand([(alt,) if program.kind[alt] != END else () for alt in program.alts[program.root]], start)
@@ -573,12 +574,30 @@ class Automaton:
                 self.table[sid] = self.DEAD
                 self.table[sid, lo: hi + 1] = going
                 return going if lo <= byte <= hi else self.DEAD
+            if byte >= 0x80 and not pending and sid not in self._mixed and self._leads(sid):
+                return int(self.table[sid, byte])
             nxt = self._compute(sid, byte)
             if byte < 0x80 and not pending:
                 self.table[sid, self._alike[byte]] = nxt
             else:
                 self.table[sid, byte] = nxt
         return nxt
+
+    def _leads(self, sid: int) -> bool:
+        """Fill in every byte from 0x80 up at once, if each stack takes either every
+        character past ASCII or none: then a lead byte's state depends only on how many
+        bytes its character has and what the next may be (invalid lead bytes: dead).
+        False (and remembered) if some stack takes only some of those characters."""
+        stacks = self.states[sid][0]
+        takers = self._taking_all(stacks, 0x80, 0x10FFFF)
+        if takers is None:
+            self._mixed.add(sid)
+            return False
+        self.table[sid, 0x80:] = self.DEAD
+        for lead in range(0xC2, 0xF5):
+            second = _SECOND.get(lead, (0x80, 0xBF))
+            self.table[sid, lead] = self._state(takers, (_utf8_length(lead) - 1, *second))
+        return True
 
     def _compute(self, sid: int, byte: int) -> int:
         stacks, pending = self.states[sid]
@@ -643,13 +662,13 @@ class Automaton:
 
     def grow(self, states: np.ndarray, data: np.ndarray) -> np.ndarray:
         """`states` after one more byte each (`data`), for many (state, byte) pairs at once."""
-        nxt = self.table[states, data]
+        pairs = (states.astype(np.intp) << 8) | data
+        nxt = self.table.reshape(-1).take(pairs)
         missing = nxt < 0
         if missing.any():
-            pairs = np.unique(states[missing].astype(np.int64) * 256 + data[missing])
-            for pair in pairs.tolist():
+            for pair in np.unique(pairs[missing]).tolist():
                 self.step(pair >> 8, pair & 0xFF)
-            nxt = self.table[states, data]
+            nxt = self.table.reshape(-1).take(pairs)
         return nxt
 
 

@@ -56,6 +56,7 @@ class TokenTable:
         self.bytes = np.zeros((len(text), width), dtype=np.int32)
         for row, i in enumerate(text):
             self.bytes[row, : lengths[row]] = np.frombuffer(self.tokens[i], dtype=np.uint8)
+        self.columns = np.ascontiguousarray(self.bytes.T)  # byte k of every row, contiguous
         # starts[k]: the first row (in `order`) whose token has more than k bytes.
         self.starts = np.searchsorted(lengths, np.arange(width), side="right")
         # Buckets of rows by token length: (first row, end row, longest token in bytes).
@@ -187,17 +188,28 @@ class TokenMatcher:
     def _compute(self, state: int) -> np.ndarray:
         t = self.table
         alive = np.empty(len(t.order), dtype=bool)
+        runs: list[list[tuple]] = []  # buckets to walk, in runs of neighbours (walked together)
         for b, (first, end, longest) in enumerate(t.buckets):
             key = (b, self.automaton.mask_key(state, longest))
             part = self._parts.pop(key, None)
             if part is None:
-                part = self._walk(state, first, end, longest)
+                if runs and runs[-1][-1][0] == b - 1:
+                    runs[-1].append((b, key))
+                else:
+                    runs.append([(b, key)])
+                continue
+            self._parts[key] = part  # now the most recently used
+            alive[first:end] = part
+        for run in runs:
+            first, end = t.buckets[run[0][0]][0], t.buckets[run[-1][0]][1]
+            alive[first:end] = self._walk(state, first, end, t.buckets[run[-1][0]][2])
+            for b, key in run:
+                part = alive[t.buckets[b][0]: t.buckets[b][1]].copy()
                 self.stats.walks += 1
                 self._part_bytes += part.nbytes
                 while self._parts and self._part_bytes > self.MASK_BYTES:
                     self._part_bytes -= self._parts.pop(next(iter(self._parts))).nbytes
-            self._parts[key] = part  # now the most recently used
-            alive[first:end] = part
+                self._parts[key] = part
         mask = np.zeros(t.size, dtype=bool)
         mask[t.order] = alive
         if self.automaton.accepting(state):
@@ -211,8 +223,12 @@ class TokenMatcher:
         states = np.full(end - first, state, dtype=np.int32)
         for k in range(longest):
             start = max(int(t.starts[k]), first) - first  # the rows longer than k bytes
-            live = start + np.flatnonzero(states[start:])
+            column = t.columns[k, first + start: end]
+            live = np.flatnonzero(states[start:])
+            if len(live) == end - first - start:  # all alive: no gather needed
+                states[start:] = self.automaton.grow(states[start:], column)
+                continue
             if not len(live):
                 break
-            states[live] = self.automaton.grow(states[live], t.bytes[first + live, k])
+            states[start + live] = self.automaton.grow(states[start + live], column[live])
         return states != Automaton.DEAD
