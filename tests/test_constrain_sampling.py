@@ -199,6 +199,32 @@ def test_grammar_rows_leave_the_other_rows_on_their_own_path(monkeypatch):
         Sampler(params, TABLE).sample(nan)
 
 
+def test_few_candidates_are_checked_one_by_one_without_a_mask():
+    """With top-k 5 a mask-first row checks its five candidates' bytes and builds no mask;
+    its distribution is still the renormalised one. When none of them is allowed the whole
+    mask is built, for the chain to run again on the masked logits."""
+    params = with_grammar(SamplingParams(top_k=5, temperature=0.8), grammar_first=True)
+    matcher = TokenMatcher.get(GRAMMAR, TABLE)
+    x = logits(11)
+    ok = allowed()
+    top5 = np.argsort(-np.array(x[0]))[:5]
+    assert ok[top5].any() and not ok[top5].all()
+    matcher._masks.clear()
+    built = matcher.stats.masks
+    got = np.array(Sampler(params, TABLE).distribution(x)[0])
+    assert matcher.stats.masks == built  # no mask
+    keep = np.zeros(V, dtype=bool)
+    keep[top5] = ok[top5]
+    p = np.exp(np.array(x[0]) / 0.8 - np.max(np.array(x[0])[keep]) / 0.8) * keep
+    np.testing.assert_allclose(got, p / p.sum(), rtol=1e-5, atol=1e-7)
+    # No allowed candidate: the whole mask, and top-k on the allowed tokens.
+    bias = {int(t): -50.0 for t in np.flatnonzero(ok)}
+    worse = with_grammar(SamplingParams(top_k=5, temperature=0.8, logit_bias=bias), grammar_first=True)
+    got = np.array(Sampler(worse, TABLE).distribution(x)[0])
+    assert matcher.stats.masks == built + 1
+    assert np.all(got[~ok] == 0) and np.count_nonzero(got) == 5
+
+
 def test_shared_params_give_every_row_its_own_state():
     table = TokenTable([b"<eos>", b"a", b"b"], eos_token_ids=[0])
     s = Sampler(SamplingParams(temperature=0.0, grammar=Grammar.from_gbnf('root ::= "a" "b"')), table)

@@ -165,6 +165,10 @@ class TokenMatcher:
     def accepting(self, state: int) -> bool:
         return self.automaton.accepting(state)
 
+    def has_mask(self, state: int) -> bool:
+        """Whether `state`'s mask is in the cache (then `mask` costs nothing)."""
+        return state in self._masks
+
     def mask(self, state: int, size: int | None = None) -> np.ndarray:
         """Which tokens may come next: bool `[size]` (default: the table's size; ids past
         the table are never allowed)."""

@@ -134,7 +134,6 @@ class Sampler:
     def sample(self, logits: mx.array, history: History = None) -> mx.array:
         """One token per row, `[B]`; advances each row's counter (and mirostat state)."""
         rows = self._batch_rows(_check_shape(logits)[0])
-        self._masks_meanwhile(logits, rows)
         mx.eval(logits)  # the model's work is not sampling time
         start = time.perf_counter()
         tokens = None
@@ -187,7 +186,6 @@ class Sampler:
         """Like `sample`, with the chosen tokens' log-probabilities, ranks and the top
         `logprobs` candidates, both in the final and in the raw distribution."""
         rows = self._batch_rows(_check_shape(logits)[0])
-        self._masks_meanwhile(logits, rows)
         mx.eval(logits)
         start = time.perf_counter()
         tokens, final = self._sample_checked(logits, history, rows, keep_final=True)
@@ -241,17 +239,6 @@ class Sampler:
         while len(self._seeds) <= b:
             self._seeds.append(seed if seed is not None else secrets.randbits(32))
         return self._seeds[b]
-
-    @staticmethod
-    def _masks_meanwhile(logits: mx.array, rows: list[Row]) -> None:
-        """Rows that mask first need their grammar's mask whatever the logits say: start
-        the logits (the model's step) and build the masks on the host while they compute;
-        `_constrain` then finds them in the matcher's cache."""
-        first = [r for r in rows if r.matcher and r.params.grammar_first]
-        if first:
-            mx.async_eval(logits)
-            for r in first:
-                r.matcher.mask(r.grammar_at())
 
     def _finish(self, tokens: mx.array, rows: list[Row], start: float) -> None:
         """A draw succeeded: every row moves one step on its stream."""
@@ -465,12 +452,24 @@ class Sampler:
         the chain runs again on the masked logits instead."""
         B, V = x.shape
         masks = np.ones((B, V), dtype=bool)
+        kept = final > -math.inf  # outside it the mask does not matter: those tokens are out
+        sizes = mx.sum(kept, axis=-1).tolist()
         for b, r in enumerate(rows):
-            if r.matcher:
-                masks[b] = r.matcher.mask(r.grammar_at(), V)
-                if not masks[b].any():
-                    raise RowError(b, "the grammar allows no token here (the text so far can only go on "
-                                      "with characters no token of this vocabulary has)")
+            if not r.matcher:
+                continue
+            state = r.grammar_at()
+            if sizes[b] <= FEW_CANDIDATES and not r.matcher.has_mask(state):
+                # Few candidates (top-k, a sharp top-p): check each one's bytes instead of
+                # building the mask over the whole vocabulary.
+                ids = np.flatnonzero(np.array(kept[b]))
+                masks[b] = False
+                masks[b, ids] = [r.matcher.allows(state, int(t)) for t in ids]
+                if masks[b].any():
+                    continue  # otherwise the fallback below needs the whole mask
+            masks[b] = r.matcher.mask(state, V)
+            if not masks[b].any():
+                raise RowError(b, "the grammar allows no token here (the text so far can only go on "
+                                  "with characters no token of this vocabulary has)")
         allowed = mx.array(masks)
         out = mx.where(allowed, final, -math.inf)
         emptied = (mx.max(out, axis=-1) == -math.inf).tolist()
@@ -509,6 +508,9 @@ class Sampler:
             if r.matcher:
                 r.grammar_state = r.matcher.advance(r.grammar_at(), chosen[b])
         return tokens
+
+
+FEW_CANDIDATES = 256  # a grammar row with at most this many tokens left checks each one
 
 
 def token_distribution(logits: mx.array, params: SamplingParams | Sequence[SamplingParams],
