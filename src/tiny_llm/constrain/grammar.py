@@ -537,7 +537,7 @@ class Automaton:
             charset = charsets[arg[stack[-1]]]
             if not _overlaps(charset, lo, hi):
                 continue
-            if _overlaps((tuple(sorted(charset[0])), not charset[1]), lo, hi):
+            if _overlaps((charset[0], not charset[1]), lo, hi):  # ranges are sorted (`_merge`)
                 return None  # part of the range only
             takers.append(stack)
         return frozenset(takers)

@@ -140,7 +140,7 @@ class Sampler:
         free = [b for b, r in enumerate(rows) if not r.matcher and r.kind in ("greedy", "plain")]
         if len(free) == len(rows):
             tokens = self._sample_plain(logits, history, rows)
-        elif free and all(r.matcher for b, r in enumerate(rows) if b not in set(free)):
+        elif free and all(r.matcher or r.kind in ("greedy", "plain") for r in rows):
             tokens = self._sample_apart(logits, history, rows, free)
         if tokens is None:
             tokens, _ = self._sample_checked(logits, history, rows, keep_final=False)
@@ -327,7 +327,7 @@ class Sampler:
         hist = _histories(history, B)
         if hist is None:
             return None
-        held = [b for b in range(B) if b not in set(free)]
+        held = sorted(set(range(B)) - set(free))  # the grammar rows
         tokens_free = self._sample_plain(logits[mx.array(free)], [hist[b] for b in free], [rows[b] for b in free])
         if tokens_free is None:
             return None
