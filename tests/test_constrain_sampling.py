@@ -268,3 +268,60 @@ def test_allowed_tokens_all_at_minus_infinity_is_an_error():
     s = Sampler(with_grammar(SamplingParams(logit_bias=bias)), TABLE)
     with pytest.raises(ValueError, match="row 0: every token the grammar allows has logit -inf"):
         s.sample(logits(0))
+
+
+# A vocabulary larger than the fast path's window: 3,000 tokens of 1-4 letters and braces.
+_big = np.random.default_rng(4)
+BIG_TOKENS = [b"<eos>"] + [bytes(_big.choice(list(b"abcdexyz{}"), size=_big.integers(1, 5)).tolist())
+                           for _ in range(2999)]
+BIG_TABLE = TokenTable(BIG_TOKENS, eos_token_ids=[EOS])
+BIG_V = len(BIG_TOKENS)
+
+
+@pytest.mark.parametrize("first", [False, True])
+@pytest.mark.parametrize("chain", [
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    dict(temperature=0.7, top_k=300, top_p=0.8, order="hf"),
+    dict(temperature=1.5, top_k=300, order="hf"),
+    dict(temperature=1.2, top_k=20, repetition_penalty=1.3, presence_penalty=0.4),
+    dict(top_k=10, top_p=0.9, order="mlx-lm"),
+])
+def test_window_draws_the_constrained_tokens_of_the_full_path(chain, first, monkeypatch):
+    """Grammar rows cut by top-k draw through the fast path's window: the grammar checks
+    only the window's candidates. Seeded draws, step after step (the grammar advancing),
+    give the same tokens as with the window switched off (the chain and the mask over the
+    whole vocabulary). Some steps keep allowed candidates, some keep none (the chain runs
+    again on the masked logits), some tie across the window's edge (the full path answers),
+    and every token is allowed."""
+    grammar = Grammar.from_gbnf('root ::= ([abcx] | "{" [ab]* "}")* "y"')
+    params = [SamplingParams(seed=s, grammar=grammar, grammar_first=first, **chain) for s in (1, 2, 3)]
+    rng = np.random.default_rng(5)
+    steps = [rng.normal(0, 3, (3, BIG_V)).astype(np.float32) for _ in range(25)]
+    for x in steps[::3]:  # push the likely tokens out of the grammar: the masked re-run
+        x[:, [t for t, b in enumerate(BIG_TOKENS) if b and b[:1] in (b"d", b"e", b"z")]] += 6.0
+    for x in steps[1::4]:  # whole numbers: ties across the window's edge send top-k 300 to the full path
+        x[:] = np.round(x)
+    history = [[7, 8, 9], [], [100, 100]]
+    found = []
+    window_draw = Sampler._window_grammar_draw
+
+    def spy(self, *args):
+        got, rest = window_draw(self, *args)
+        found.append(len(got))
+        return got, rest
+
+    def run():
+        sampler, tokens, state = Sampler(params, BIG_TABLE), [], None
+        matcher = TokenMatcher.get(grammar, BIG_TABLE)
+        for x in steps:
+            states = [r.grammar_at() for r in sampler._rows]
+            step = sampler.sample(mx.array(x), history).tolist()
+            assert all(matcher.allows(s, t) for s, t in zip(states, step))
+            tokens.append(step)
+        return tokens
+
+    monkeypatch.setattr(Sampler, "_window_grammar_draw", spy)
+    windowed = run()
+    assert sum(found) > 25  # most draws went through the window
+    monkeypatch.setattr(Sampler, "_window_grammar_draw", lambda self, x, hist, rows, redo, u: ({}, redo))
+    assert run() == windowed

@@ -159,3 +159,22 @@ def test_two_level_draw_is_the_inverse_cdf(V):
         assert clear.sum() > 900
         np.testing.assert_array_equal(tokens[r][clear], want[clear])
         assert np.all(np.isfinite(x[r][tokens[r]]))
+
+
+def test_fewer_finite_tokens_than_k_stay_in_the_window(monkeypatch):
+    """Top-k 40 on a row with 12 finite logits: the k-th value is -inf and every token
+    outside the window ties with it, but those carry no mass, so the window answers (no
+    full path) and draws what the full chain draws."""
+    V = 5000
+    values = np.full((2, V), -math.inf, dtype=np.float32)
+    rng = np.random.default_rng(12)
+    for row in range(2):
+        values[row, rng.choice(V, 12, replace=False)] = rng.normal(0, 1, 12)
+    logits = mx.array(values)
+    params = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=s) for s in (10, 11)]
+    u = mx.array([0.3, 0.7])
+    _, needs_full, _ = fast.fast_tokens(logits, params, params[0].order, u)
+    assert needs_full.tolist() == [False, False]
+    a, b = both_paths(params, logits, steps=40, monkeypatch=monkeypatch)
+    assert a == b
+    assert all(np.isfinite(values[r, t]) for step in a for r, t in enumerate(step))

@@ -381,17 +381,12 @@ class Sampler:
         updates = []
         if grammar and all(r.matcher and r.params.grammar_first for r in rows):
             # Mask first in every row: no unconstrained draw; `_grammar_draw` draws from the
-            # constrained distribution with the same uniform.
-            if final is None:
-                final = self._constrain(x, hist, self._final(x, hist, rows), rows)
-            tokens, tops = mx.zeros((B,), dtype=mx.int32), mx.max(final, axis=-1)
+            # constrained distribution with the same uniform (and checks what it draws from).
+            tokens = mx.zeros((B,), dtype=mx.int32)
         else:
             tokens, tops, updates = self._draw_groups(x, hist, rows, u=u, exact=keep_final)
-        mx.eval(tokens, tops)
-        for row, value in enumerate(tops.tolist()):
-            if not math.isfinite(value):
-                raise RowError(row, "the sampling stages left no finite logit (a temperature or "
-                                    "penalty this extreme overflows float32)")
+            mx.eval(tokens, tops)
+            _check_tops(tops.tolist(), range(B))
         if grammar:
             tokens = self._grammar_draw(x, hist, rows, tokens=tokens, final=final, u=u)
         for update in updates:  # state changes only once the draw is valid
@@ -494,20 +489,101 @@ class Sampler:
         redo = [b for b, r in enumerate(rows) if r.matcher and (
             r.params.grammar_first or not r.matcher.allows(r.grammar_at(), chosen[b]))]
         if redo:
-            if final is None:
-                final = self._constrain(x, hist, self._final(x, hist, rows), rows)
             first = mx.array([r.params.grammar_first for r in rows])
             again = mx.where(first, u, _uniforms(rows, rng.GRAMMAR))
-            idx = mx.array(redo)
-            # `draw` only picks tokens of positive mass, and `final` holds the forbidden
-            # ones at -inf (mass 0): the redrawn token is allowed, for any summation order.
-            t, _ = draw(final[idx], again[idx])
-            tokens = scatter_rows(tokens, idx, t)
-            chosen = tokens.tolist()
+            found, rest = ({}, redo) if final is not None else self._window_grammar_draw(x, hist, rows, redo, again)
+            for b, t in found.items():
+                chosen[b] = t
+            if rest:
+                if final is None:
+                    final = self._constrain(x, hist, self._final(x, hist, rows), rows)
+                _check_tops(mx.max(final, axis=-1).tolist(), rest)
+                idx = mx.array(rest)
+                # `draw` only picks tokens of positive mass, and `final` holds the forbidden
+                # ones at -inf (mass 0): the redrawn token is allowed, for any summation order.
+                t, _ = draw(final[idx], again[idx])
+                for b, value in zip(rest, t.tolist()):
+                    chosen[b] = value
+            tokens = mx.array(chosen, dtype=mx.int32)
         for b, r in enumerate(rows):
             if r.matcher:
                 r.grammar_state = r.matcher.advance(r.grammar_at(), chosen[b])
         return tokens
+
+    def _window_grammar_draw(self, x: mx.array, hist: list[list[int]], rows: list[Row], redo: list[int],
+                             u: mx.array) -> tuple[dict[int, int], list[int]]:
+        """Draw the grammar rows `redo` from their constrained distributions through the fast
+        path's window, where it holds every token the row's chain keeps (top-k rows): the
+        grammar checks only those candidates, and no stage runs over the vocabulary. Where
+        the chain keeps no allowed token, the chain runs again on the masked logits, as in
+        `_constrain`, through the window too. Returns `{row: token}` and the rows left for
+        the full path (the window cannot answer, or nothing finite is left: it raises)."""
+        found: dict[int, int] = {}
+        rest: list[int] = []
+        groups: dict[tuple, list[int]] = {}
+        for b in redo:
+            p = rows[b].params
+            if p.temperature > 0 and fast.eligible([p], p.order) and fast.wants_window([p]):
+                groups.setdefault(p.order, []).append(b)
+            else:
+                rest.append(b)
+        V = x.shape[1]
+        for key, members in groups.items():
+            rg = [rows[b] for b in members]
+            P = [r.params for r in rg]
+            y = x[mx.array(members)]
+            if any(r.penalised for r in rg):
+                y = fast.sparse_penalties(y, [hist[b] for b in members], P)
+            ug = u[mx.array(members)]
+            emptied = []  # rows whose kept tokens the grammar all forbids
+            for g, ids, yw in _windows(y, P, key, range(len(members)), rest, members):
+                r = rg[g]
+                state, cand = r.grammar_at(), np.flatnonzero(yw > -math.inf)
+                if r.matcher.has_mask(state):
+                    ok = r.matcher.mask(state, V)[ids[cand]]
+                else:
+                    ok = np.array([r.matcher.allows(state, int(t)) for t in ids[cand]], dtype=bool)
+                if ok.any():
+                    yw[cand[~ok]] = -math.inf
+                    found[members[g]] = (ids, yw, ug[g])
+                else:
+                    emptied.append(g)
+            if emptied:
+                masks = mx.array(np.stack([rg[g].matcher.mask(rg[g].grammar_at(), V) for g in emptied]))
+                masked = mx.where(masks, y[mx.array(emptied)], -math.inf)
+                for g, ids, yw in _windows(masked, [P[g] for g in emptied], key, emptied, rest, members):
+                    found[members[g]] = (ids, yw, ug[g])
+        if found:
+            drawn = [found[b] for b in sorted(found)]
+            t = fast.window_draw(mx.array(np.stack([d[0] for d in drawn])), mx.array(np.stack([d[1] for d in drawn])),
+                                 mx.stack([d[2] for d in drawn]))
+            found = dict(zip(sorted(found), t.tolist()))
+        return found, sorted(rest)
+
+
+def _windows(y: mx.array, params: list[SamplingParams], key: tuple[str, ...], names: Sequence[int],
+             rest: list[int], members: list[int]):
+    """The fast path's window of each row of `y [G, V]`: yields `(name, ids, yw)` (numpy, in
+    vocabulary order; `yw` the final logits) for rows whose final distribution lies in the
+    window and has a finite top; the batch row (`members[name]`) of every other row goes
+    to `rest`."""
+    ids, yw, full = fast.window(y, params, key)
+    top = mx.max(yw, axis=-1)
+    mx.eval(ids, yw, full, top)
+    ids, yw = np.array(ids), np.array(yw)
+    for g, (name, f, t) in enumerate(zip(names, full.tolist(), top.tolist())):
+        if f or not math.isfinite(t):
+            rest.append(members[name])  # the full path answers, or raises
+        else:
+            yield name, ids[g], yw[g]
+
+
+def _check_tops(tops: list[float], rows: Sequence[int]) -> None:
+    """Raise for the first of `rows` whose largest final logit `tops[row]` is not finite."""
+    for row in rows:
+        if not math.isfinite(tops[row]):
+            raise RowError(row, "the sampling stages left no finite logit (a temperature or "
+                                "penalty this extreme overflows float32)")
 
 
 FEW_CANDIDATES = 256  # a grammar row with at most this many tokens left checks each one

@@ -106,6 +106,28 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
     already applied). Returns `(tokens [G], needs_full [G], top [G])`; where `needs_full` is
     true the token must be recomputed by the full path; `top` is each row's largest final
     logit (not finite: the row cannot be sampled)."""
+    ids, yw, full = window(y, params, order)
+    greedy = column(params, "temperature") <= 0
+    tokens = window_draw(ids, yw, u)[:, None]  # G, 1
+    best = stages.argmax(y)[:, None].astype(tokens.dtype)
+    tokens = mx.where(greedy, best, tokens)
+    top = mx.where(greedy, mx.max(y, axis=-1, keepdims=True), mx.max(yw, axis=-1, keepdims=True))
+    return tokens[:, 0].astype(mx.int32), full & ~greedy[:, 0], top[:, 0]
+
+
+def window_draw(ids: mx.array, yw: mx.array, u: mx.array) -> mx.array:
+    """`[G]`: one token per row from the window's final logits `yw [G, W]` of the tokens
+    `ids [G, W]` (in vocabulary order, as the full path draws, so both pick the same token)."""
+    e = stages.exp(yw - mx.max(yw, axis=-1, keepdims=True))
+    return mx.take_along_axis(ids, inverse_cdf(e, u)[:, None], axis=-1)[:, 0]
+
+
+def window(y: mx.array, params: list[SamplingParams], order: tuple[str, ...]):
+    """The chain `order` applied to the most likely tokens of `y [G, V]` (penalties already
+    applied). Returns `(ids [G, W], yw [G, W], needs_full [G])`: the window's tokens in
+    vocabulary order, their final logits (-inf: filtered out) and, per row, whether the
+    final distribution may reach tokens outside the window (the full path must answer
+    then). Greedy rows are not told apart here."""
     G, V = y.shape
 
     def col(name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
@@ -146,8 +168,9 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
             yw = window_values()
             kth = mx.take_along_axis(yw, mx.clip(k - 1, 0, W - 1), axis=-1)
             keep = yw >= kth
-            # Tokens outside the window tied with the k-th value would survive too.
-            outside = tail & (count_full_at_least(kth) > mx.sum(keep, axis=-1, keepdims=True))
+            # Tokens outside the window tied with the k-th value would survive too (unless
+            # that value is -inf: fewer than k tokens are left, and the rest have no mass).
+            outside = tail & (kth > -math.inf) & (count_full_at_least(kth) > mx.sum(keep, axis=-1, keepdims=True))
             full = full | (on & outside)
             alive = mx.where(on, alive & keep, alive)
             close_tail([p.top_k > 0 for p in params])
@@ -184,13 +207,5 @@ def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...
             close_tail([p.min_p > 0 for p in params])
     full = full | tail  # no filter closed the tail: the draw needs every token
     yw = mx.where(alive, window_values(), -math.inf)
-    greedy = col("temperature") <= 0
-    # Draw in vocabulary order, as the full path does, so both pick the same token.
     by_id = mx.argsort(idx, axis=-1)
-    ids = mx.take_along_axis(idx, by_id, axis=-1)
-    e = stages.exp(mx.take_along_axis(yw, by_id, axis=-1) - mx.max(yw, axis=-1, keepdims=True))
-    tokens = mx.take_along_axis(ids, inverse_cdf(e, u)[:, None], axis=-1)  # G, 1
-    best = stages.argmax(y)[:, None].astype(tokens.dtype)
-    tokens = mx.where(greedy, best, tokens)
-    top = mx.where(greedy, mx.max(y, axis=-1, keepdims=True), mx.max(yw, axis=-1, keepdims=True))
-    return tokens[:, 0].astype(mx.int32), (full & ~greedy)[:, 0], top[:, 0]
+    return mx.take_along_axis(idx, by_id, axis=-1), mx.take_along_axis(yw, by_id, axis=-1), full[:, 0]
