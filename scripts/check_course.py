@@ -108,6 +108,7 @@ def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
 PROMPT = "Name a colour."
 GENERATE = ["generate", "--prompt", PROMPT, "--max-tokens", "3"]
 BATCH = ["batch", "--prompts", "examples/prompts.txt", "--max-tokens", "3"]
+MOE = "models/qwen3-moe"  # a random-weight Qwen3-MoE directory, written by SETUP
 # What a student runs once a day is done (the starter README, the chapters): from that
 # day's stage on, the latest of these runs at every stage.
 DEMOS: dict[str, list[list[str]]] = {
@@ -121,6 +122,11 @@ DEMOS: dict[str, list[list[str]]] = {
     "week3-day1": [GENERATE + ["--draft-model", "default", "--verbose"]],
     "week3-day2": [BATCH + ["--max-batch-size", "2", "--prefix-cache-bytes", "0", "--verbose"]],
     "week3-day3": [BATCH + ["--max-batch-size", "2", "--verbose"]],
+    "week3-day4": [GENERATE + ["--model", MOE, "--verbose"]],
+}
+# Commands that prepare a day's DEMOS and NEEDS (they must succeed at any stage).
+SETUP: dict[str, list[list[str]]] = {
+    "week3-day4": [["scripts/make_random_model.py", MOE, "--arch", "qwen3_moe", "--bits", "4"]],
 }
 # The first command that needs a day: at every stage before it, the command must stop
 # with a one-line error that names a day not done yet.
@@ -130,6 +136,7 @@ NEEDS: dict[str, list[str]] = {
     "week2-day4": BATCH,
     "week3-day1": GENERATE + ["--draft-model", "default"],  # every round drafts (prompt lookup may not)
     "week3-day3": BATCH + ["--prefix-cache-bytes", "1G"],
+    "week3-day4": GENERATE + ["--model", MOE],
 }
 # Days whose absence the CLI works around by itself, with a note on standard error.
 FALLBACKS = ("week2-day2", "week2-day3")
@@ -215,11 +222,17 @@ def check_stage(k: int, workdir: Path, tests: list[str]) -> tuple[bool, list[str
             rows.append(f"   {'ok' if good else 'FAILED'}  {f:36s} {res['passed']:4d}/{n:<4d} pass")
             rows += [f"          {key[len('failed:'):]}" for key in res if key.startswith("failed:")][:5]
     latest = [d for d in DAYS[:k] if d in DEMOS][-1:]
+    later = [d for d in DAYS[k:] if d in NEEDS][:1]
+    for argv in [argv for d in latest + later for argv in SETUP.get(d, [])]:
+        run = run_command(tree, argv)
+        good = run.returncode == 0
+        ok &= good
+        rows.append(f"   {'ok' if good else 'FAILED'}  {_shown(argv)}"
+                    + ("" if good else f"   <-- exit status {run.returncode}: {run.stderr.strip()[-300:]}"))
     for argv in (DEMOS[latest[0]] if latest else []):
         good, row = check_demo(tree, argv, done)
         ok &= good
         rows.append("   " + row)
-    later = [d for d in DAYS[k:] if d in NEEDS][:1]
     if later:
         good, row = check_needs(tree, NEEDS[later[0]], done)
         ok &= good

@@ -23,6 +23,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week3-day1": ("week2-day2",),  # speculative decoding: the cache and its trim
     "week3-day2": ("week2-day5",),  # the batch engine on pages, compared with the dense batch
     "week3-day3": ("week3-day2",),  # the prefix cache shares pages
+    "week3-day4": ("week2-day2",),  # mixture of experts: whole sparse models, with their cache
 }
 DAYS = tuple(DEPENDS)
 
@@ -33,6 +34,10 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_generate.py": ("week1-day6",),
     "tests/test_tokenizer.py": (),
     "tests/test_loader.py": ("week1-day5",),
+    # Qwen3 and RoPE scaling against mlx-lm, on the hand-written and the fused kernels.
+    "tests/test_models.py": ("week2-day2", "week2-day3"),
+    # Every architecture through the command line, batches, drafts, beams and grammars.
+    "tests/test_architectures.py": ("week2-day3", "week2-day5", "week3-day1", "week3-day3", "week3-day4"),
     "tests/test_sampler_params.py": (),
     "tests/test_sampler_stages.py": (),
     "tests/test_sampler_engine.py": (),

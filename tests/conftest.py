@@ -62,6 +62,16 @@ def assert_close(actual: mx.array, expected: mx.array, dtype: mx.Dtype) -> None:
     )
 
 
+def assert_half_precision_close(actual: mx.array, expected: mx.array) -> None:
+    """float16 logits of a whole model against a reference on the same float16 weights.
+    Every intermediate value is rounded to 11 significant bits, by other kernels (and in
+    other orders) than the reference's, across layers and dozens of positions: single
+    logits drift by up to about ten units in the last place (0.004 at |x| = 4), so the
+    largest difference may reach 5e-2 while the mean stays below 5e-3."""
+    diff = np.abs(np.array(actual.astype(mx.float32)) - np.array(expected.astype(mx.float32)))
+    assert diff.max() < 5e-2 and diff.mean() < 5e-3, (diff.max(), diff.mean())
+
+
 def normal(key: mx.array, shape: tuple[int, ...], dtype: mx.Dtype, scale: float = 1.0) -> mx.array:
     """Seeded normal values of `dtype` (std `scale`)."""
     return (scale * mx.random.normal(shape, key=key)).astype(dtype)
@@ -76,7 +86,7 @@ def reference_model(config: dict, seed: int = 0, scale: float = 0.2):
     keys = mx.random.split(key, len(params))
     new = {name: mx.random.normal(p.shape, key=k) * scale for (name, p), k in zip(params, keys)}
     # Norm weights near 1, as in trained models.
-    new = {n: (1.0 + v if n.endswith("layernorm.weight") or n == "model.norm.weight" else v)
+    new = {n: (1.0 + v if n.endswith("norm.weight") else v)
            for n, v in new.items()}
     model.load_weights(list(new.items()))
     mx.eval(model.parameters())

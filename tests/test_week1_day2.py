@@ -167,3 +167,32 @@ def test_rope_rejects_dims_larger_than_head():
     """Rotating more features than the head has raises a ValueError."""
     with pytest.raises(ValueError, match="RoPE dims=32 exceeds the head dimension 16"):
         RoPE(32)(mx.zeros((1, 2, 1, 16)))
+
+
+@pytest.mark.parametrize("dims, base", [(16, 10_000.0), (64, 1_000_000.0), (2, 500.0)])
+def test_inverse_frequencies_exact(dims, base):
+    """Pair i turns by base ** (-2 i / dims) per position, in float32."""
+    inv = RoPE(dims, base=base).inverse_frequencies()
+    assert inv.dtype == mx.float32 and inv.shape == (dims // 2,)
+    want = base ** (-2.0 * np.arange(dims // 2) / dims)
+    np.testing.assert_allclose(np.array(inv), want, rtol=2e-6)
+
+
+def test_rope_turns_by_its_inverse_frequencies():
+    """`__call__` takes its angles from `inverse_frequencies()`, so that a subclass that
+    rescales them (RoPE scaling for long contexts) changes the rotation: all zero turns
+    nothing, all pi/2 turns pair (x1, x2) into (-x2, x1) at position 1."""
+
+    class Still(RoPE):
+        def inverse_frequencies(self):
+            return mx.zeros((self.dims // 2,))
+
+    class Quarter(RoPE):
+        def inverse_frequencies(self):
+            return mx.full((self.dims // 2,), math.pi / 2)
+
+    x = mx.random.normal((1, 2, 3, 8), key=mx.random.key(5))
+    np.testing.assert_allclose(np.array(Still(8)(x, offset=9)), np.array(x), atol=1e-6)
+    y = np.array(Quarter(8)(x, offset=1))[0, 0]  # position 1
+    x0 = np.array(x)[0, 0]
+    np.testing.assert_allclose(y, np.concatenate([-x0[:, 4:], x0[:, :4]], axis=-1), atol=1e-6)

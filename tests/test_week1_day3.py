@@ -283,3 +283,21 @@ def test_qwen2_attention_is_invariant_to_a_common_offset(offset):
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+def test_qwen3_attention_normalises_queries_and_keys_before_rope():
+    """Qwen3 normalises each head's queries and keys (`q_norm`, `k_norm`, over head_dim)
+    before RoPE: with those norms (here mx.fast.rms_norm, so this day needs no other) the
+    attention equals mlx_lm.models.qwen3.Attention."""
+    from mlx_lm.models import qwen3 as mlx_qwen3
+
+    config = dict(BASE_CONFIG, model_type="qwen3", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=24, rope_theta=1_000_000.0, max_position_embeddings=512)
+    reference, weights = random_attention(mlx_qwen3, config, mx.float32, seed=17)
+    weights = {k: (1.0 + v if k.endswith("norm.weight") else v) for k, v in weights.items()}
+    reference.update(tree_unflatten(list(weights.items())))
+    ours = Qwen2MultiHeadAttention(ModelArgs.from_config(config), weights)
+    ours.q_norm = lambda t: mx.fast.rms_norm(t, weights["q_norm.weight"], 1e-6)
+    ours.k_norm = lambda t: mx.fast.rms_norm(t, weights["k_norm.weight"], 1e-6)
+    x = normal(mx.random.key(18), (2, 5, 64), mx.float32)
+    assert_close(ours(x, mask="causal"), reference(x, mask="causal"), mx.float32)

@@ -67,7 +67,9 @@ class _PrefillProgress:
 
 def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True) -> None:
     parser.add_argument("--model", default="default",
-                        help="'default' (SmolLM2-135M-Instruct), a model directory, a .gguf file or a HF repo id")
+                        help="'default' (SmolLM2-135M-Instruct), a model directory (qwen2, llama incl. Llama 3 "
+                             "RoPE scaling, qwen3, qwen2_moe, qwen3_moe; float or MLX-quantized), a .gguf file "
+                             "(llama, qwen2) or a HF repo id")
     parser.add_argument("--no-fused", action="store_true",
                         help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
     if generation:
@@ -322,6 +324,7 @@ _WITHOUT_DAY = {
     "week2-day4": "`tiny-llm generate` runs one prompt at a time without it",
     "week2-day5": "`tiny-llm generate` runs one prompt at a time without it",
     "week3-day1": "`tiny-llm generate` without --draft-model and --prompt-lookup runs without it",
+    "week3-day4": "dense models (--model default) run without it",
 }
 
 

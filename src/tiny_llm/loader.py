@@ -119,7 +119,7 @@ def load_model(
             tensors.update(mx.load(str(file)))
         except Exception as e:  # mx.load raises RuntimeError/ValueError with terse texts
             raise ValueError(f"cannot read weights from {file}: {e}") from None
-    weights = gather_quantized(tensors, config.get("quantization"), unpack=dequantize)
+    weights = gather_quantized(stack_experts(tensors, args), config.get("quantization"), unpack=dequantize)
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
@@ -148,6 +148,20 @@ def _probe_fused() -> None:
     FusedRoPE(4)(x)
     q = x.transpose(0, 2, 1, 3)  # B, H, L, D
     fused_attention(q, q, q)
+
+
+def stack_experts(tensors: Mapping[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:
+    """Hugging Face checkpoints store each expert of a sparse layer on its own
+    (`mlp.experts.7.up_proj.weight`); stack them along a first axis under `mlp.switch_mlp.`
+    (mlx-lm's layout, which MLX checkpoints have already), with their quantization arrays."""
+    out = dict(tensors)
+    for key in [k for k in tensors if ".mlp.experts.0." in k]:
+        before, after = key.split(".mlp.experts.0.")
+        names = [f"{before}.mlp.experts.{e}.{after}" for e in range(args.num_experts)]
+        if missing := [n for n in names if n not in out]:
+            raise ValueError(f"missing weight {missing[0]!r} (config num_experts={args.num_experts})")
+        out[f"{before}.mlp.switch_mlp.{after}"] = mx.stack([out.pop(n) for n in names])
+    return out
 
 
 def gather_quantized(
@@ -288,7 +302,11 @@ def _stamp_version(stamp: Path):
 def _gguf_config(meta: Mapping, tensors: Mapping[str, mx.array]) -> dict:
     arch = str(meta.get("general.architecture", ""))
     if arch not in ("llama", "qwen2"):
-        raise ValueError(f"unsupported GGUF architecture {arch!r}: llama and qwen2 are supported")
+        raise ValueError(f"unsupported GGUF architecture {arch!r}: llama and qwen2 are supported "
+                         f"(other architectures load from an MLX or Hugging Face directory)")
+    if "rope_freqs.weight" in tensors:  # Llama 3.1+ stores its RoPE scaling as a tensor
+        raise ValueError("this GGUF file scales RoPE with a rope_freqs tensor, which tiny-llm does not convert: "
+                         "load the model's MLX or Hugging Face directory instead")
 
     def field(name: str, default=None):
         value = meta.get(f"{arch}.{name}", default)

@@ -10,13 +10,16 @@ from typing import TypeAlias
 
 import mlx.core as mx
 
+from .basics import linear
+
 SUPPORTED_BITS = (2, 4, 8)
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A weight `[O, I]` kept quantized: `weight [O, I * bits / 32]` (uint32), `scales` and
-    `biases` `[O, I / group_size]`."""
+    `biases` `[O, I / group_size]`. Stacked experts (`[X, O, I]`) carry the same leading axis
+    on all three."""
 
     weight: mx.array
     scales: mx.array
@@ -25,8 +28,8 @@ class QuantizedWeight:
     bits: int
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return (self.weight.shape[0], self.weight.shape[1] * 32 // self.bits)
+    def shape(self) -> tuple[int, ...]:
+        return (*self.weight.shape[:-1], self.weight.shape[-1] * 32 // self.bits)
 
     @property
     def dtype(self) -> mx.Dtype:
@@ -65,3 +68,10 @@ def quantized_linear(x: mx.array, qw: QuantizedWeight, bias: mx.array | None = N
     y = mx.quantized_matmul(x, qw.weight, qw.scales, qw.biases, transpose=True,
                             group_size=qw.group_size, bits=qw.bits)
     return y if bias is None else y + bias
+
+
+def project(x: mx.array, w: Weight, bias: mx.array | None = None) -> mx.array:
+    """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized."""
+    if isinstance(w, QuantizedWeight):
+        return quantized_linear(x, w, bias)
+    return linear(x, w, bias)

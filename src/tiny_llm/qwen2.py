@@ -2,8 +2,10 @@
 
 Weights are looked up by their Hugging Face names (`model.layers.0.self_attn.q_proj.weight`,
 ...), so checkpoints load without renaming. Llama is the same network without the q/k/v
-biases. A weight may be kept quantized (`Weight`: an array or a `QuantizedWeight`);
-`project` multiplies with either.
+biases; Qwen3 drops them too and normalises each head's queries and keys before RoPE
+(`q_norm`, `k_norm`). Qwen2-MoE and Qwen3-MoE replace the MLP of their sparse layers with
+a mixture of experts (`moe.py`, week 3 day 4). A weight may be kept quantized (`Weight`: an
+array or a `QuantizedWeight`); `project` multiplies with either.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from .attention import causal_mask, scaled_dot_product_attention_grouped
-from .basics import linear, silu
+from .basics import silu
 from .embedding import Embedding, QuantizedEmbedding
 from .layer_norm import DEFAULT_RMS_NORM_EPS, RMSNorm
-from .positional_encoding import RoPE
-from .quantize import QuantizedWeight, Weight, quantized_linear
+from .positional_encoding import RoPE, ScaledRoPE, rope_scaling_type
+from .moe import MoEBlock
+from .quantize import QuantizedWeight, Weight, project
 
 if TYPE_CHECKING:  # week 2 modules load only when a model uses them
     from .kv_cache import KVCache
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,16 @@ class ModelArgs:
     attention_bias: bool | None = None  # q/k/v bias; None: the model type's default
     mlp_bias: bool = False
     max_position_embeddings: int | None = None
+    # Mixture of experts (qwen2_moe, qwen3_moe): `num_experts` experts of hidden size
+    # `moe_intermediate_size`, `num_experts_per_tok` of them per token; the layers listed in
+    # `mlp_only_layers`, and those not on the `decoder_sparse_step` grid, keep a dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
+    norm_topk_prob: bool = False  # renormalise the chosen experts' weights to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -74,12 +88,17 @@ class ModelArgs:
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.attention_bias is None:
-            object.__setattr__(self, "attention_bias", self.model_type == "qwen2")
-        scaling = self.rope_scaling
-        if scaling is not None and scaling.get("type", scaling.get("rope_type")) not in (
-            None, "default",
-        ):
-            raise ValueError(f"unsupported rope_scaling {scaling!r}: only plain RoPE is supported")
+            object.__setattr__(self, "attention_bias", self.model_type in ("qwen2", "qwen2_moe"))
+        rope_scaling_type(self.rope_scaling)  # raises for a kind tiny-llm does not implement
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if self.model_type in MOE_MODEL_TYPES:
+            for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"config {name} must be a positive integer for {self.model_type}, got {value!r}")
+            if self.num_experts_per_tok > self.num_experts:
+                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                                 f"num_experts={self.num_experts}")
 
     @classmethod
     def from_config(cls, config: Mapping) -> "ModelArgs":
@@ -95,8 +114,18 @@ class ModelArgs:
 
     @property
     def o_bias(self) -> bool:
-        # Qwen2 has biases on q/k/v only; Llama's attention_bias covers o_proj too.
-        return self.model_type == "llama" and bool(self.attention_bias)
+        # Qwen2 has biases on q/k/v only; Llama's and Qwen3's attention_bias covers o_proj too.
+        return self.model_type in ("llama", "qwen3", "qwen3_moe") and bool(self.attention_bias)
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether each head's queries and keys are RMS-normalised before RoPE (Qwen3)."""
+        return self.model_type in ("qwen3", "qwen3_moe")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer `i` has a mixture of experts instead of the dense MLP."""
+        return (self.model_type in MOE_MODEL_TYPES and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
 
 
 def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -120,6 +149,12 @@ def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.v_proj.bias"] = (Hkv * Dh,)
         if args.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (E,)
+        if args.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (Dh,)
+            shapes[p + "self_attn.k_norm.weight"] = (Dh,)
+        if args.is_moe_layer(i):
+            shapes.update(moe_weight_shapes(args, p + "mlp."))
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (I, E)
         shapes[p + "mlp.up_proj.weight"] = (I, E)
         shapes[p + "mlp.down_proj.weight"] = (E, I)
@@ -130,11 +165,16 @@ def expected_weight_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def project(x: mx.array, w: Weight, bias: mx.array | None = None) -> mx.array:
-    """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized."""
-    if isinstance(w, QuantizedWeight):
-        return quantized_linear(x, w, bias)
-    return linear(x, w, bias)
+def moe_weight_shapes(args: ModelArgs, p: str) -> dict[str, tuple[int, ...]]:
+    """A mixture-of-experts layer's parameters under `p` (`...mlp.`): the router, the experts
+    stacked along a first axis (mlx-lm's `switch_mlp` layout), and the shared expert."""
+    E, X, I = args.hidden_size, args.num_experts, args.moe_intermediate_size
+    shapes = {p + "gate.weight": (X, E), p + "switch_mlp.gate_proj.weight": (X, I, E),
+              p + "switch_mlp.up_proj.weight": (X, I, E), p + "switch_mlp.down_proj.weight": (X, E, I)}
+    if S := args.shared_expert_intermediate_size:
+        shapes.update({p + "shared_expert.gate_proj.weight": (S, E), p + "shared_expert.up_proj.weight": (S, E),
+                       p + "shared_expert.down_proj.weight": (E, S), p + "shared_expert_gate.weight": (1, E)})
+    return shapes
 
 
 def check_weights(args: ModelArgs, weights: Mapping[str, Weight]) -> None:
@@ -179,12 +219,21 @@ class Qwen2MultiHeadAttention:
         self.wk, self.bk = _require(weights, prefix + "k_proj.weight"), get(prefix + "k_proj.bias")
         self.wv, self.bv = _require(weights, prefix + "v_proj.weight"), get(prefix + "v_proj.bias")
         self.wo, self.bo = _require(weights, prefix + "o_proj.weight"), get(prefix + "o_proj.bias")
+        # Qwen3: an RMSNorm over each head's features of the queries and keys; none before.
+        self.q_norm = self.k_norm = None
+        if args.qk_norm:
+            norm = _norm_class(fused)
+            self.q_norm = norm(_require(weights, prefix + "q_norm.weight"), args.rms_norm_eps)
+            self.k_norm = norm(_require(weights, prefix + "k_norm.weight"), args.rms_norm_eps)
         rope, self.attention = RoPE, scaled_dot_product_attention_grouped
         if fused:
             from .fused import FusedRoPE, fused_attention
 
             rope, self.attention = FusedRoPE, fused_attention
-        self.rope = rope(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
+        if rope_scaling_type(args.rope_scaling) != "default":
+            self.rope = ScaledRoPE(args.head_dim, args.rope_theta, args.rope_traditional, args.rope_scaling, fused)
+        else:
+            self.rope = rope(args.head_dim, base=args.rope_theta, traditional=args.rope_traditional)
 
     def __call__(
         self,
@@ -205,6 +254,8 @@ class Qwen2MultiHeadAttention:
         q = project(x, self.wq, self.bq).reshape(B, L, Hq, Dh)
         k = project(x, self.wk, self.bk).reshape(B, L, Hkv, Dh)
         v = project(x, self.wv, self.bv).reshape(B, L, Hkv, Dh)
+        if self.q_norm is not None:  # Qwen3: every head's queries and keys normalised first
+            q, k = self.q_norm(q), self.k_norm(k)
         q = self.rope(q, offset=offset).transpose(0, 2, 1, 3)  # B, Hq, L, Dh
         k = self.rope(k, offset=offset).transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
         v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
@@ -237,7 +288,7 @@ class Qwen2TransformerBlock:
     """Pre-norm decoder block: `h = x + attn(norm(x)); out = h + mlp(norm(h))`."""
 
     def __init__(self, args: ModelArgs, weights: Mapping[str, Weight], prefix: str = "",
-                 fused: bool = False):
+                 fused: bool = False, layer: int = 0):
         eps = args.rms_norm_eps
         norm = _norm_class(fused)
         self.input_layernorm = norm(_require(weights, prefix + "input_layernorm.weight"), eps)
@@ -245,7 +296,13 @@ class Qwen2TransformerBlock:
             _require(weights, prefix + "post_attention_layernorm.weight"), eps
         )
         self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.", fused)
-        self.mlp = Qwen2MLP(args, weights, prefix + "mlp.")
+        if args.is_moe_layer(layer):  # week 3 day 4
+            shared = None
+            if args.shared_expert_intermediate_size:
+                shared = Qwen2MLP(args, weights, prefix + "mlp.shared_expert.")
+            self.mlp = MoEBlock(weights, prefix + "mlp.", args.num_experts_per_tok, args.norm_topk_prob, shared)
+        else:
+            self.mlp = Qwen2MLP(args, weights, prefix + "mlp.")
 
     def __call__(
         self,
@@ -275,7 +332,7 @@ class Qwen2Model:
         table = weights["model.embed_tokens.weight"]
         self.embed_tokens = QuantizedEmbedding(table) if isinstance(table, QuantizedWeight) else Embedding(table)
         self.layers = [
-            Qwen2TransformerBlock(args, weights, f"model.layers.{i}.", fused)
+            Qwen2TransformerBlock(args, weights, f"model.layers.{i}.", fused, layer=i)
             for i in range(args.num_hidden_layers)
         ]
         self.norm = _norm_class(fused)(weights["model.norm.weight"], args.rms_norm_eps)
