@@ -21,7 +21,6 @@ from .basics import silu
 from .embedding import Embedding, QuantizedEmbedding
 from .layer_norm import DEFAULT_RMS_NORM_EPS, RMSNorm
 from .positional_encoding import RoPE, ScaledRoPE, rope_scaling_type
-from .moe import MoEBlock
 from .quantize import QuantizedWeight, Weight, project
 
 if TYPE_CHECKING:  # week 2 modules load only when a model uses them
@@ -296,7 +295,9 @@ class Qwen2TransformerBlock:
             _require(weights, prefix + "post_attention_layernorm.weight"), eps
         )
         self.self_attn = Qwen2MultiHeadAttention(args, weights, prefix + "self_attn.", fused)
-        if args.is_moe_layer(layer):  # week 3 day 4
+        if args.is_moe_layer(layer):
+            from .moe import MoEBlock  # week 3 day 4: loads only for a sparse model
+
             shared = None
             if args.shared_expert_intermediate_size:
                 shared = Qwen2MLP(args, weights, prefix + "mlp.shared_expert.")
