@@ -11,7 +11,7 @@ first reaches p. Neither needs the whole vocabulary in order:
   arithmetic (`stages.top_p`: probabilities over the same normaliser, a running sum in
   float32 from the top) runs on them. If their mass does not reach p, eight times as many
   are taken, and so on. A typical row (a nucleus of tens of tokens) costs what a wide one
-  (thousands) does: two selections over the vocabulary and two sorts of 8,192 values.
+  (thousands) does: one selection over the vocabulary and two sorts of 8,192 values.
 
 The running sums are the reference's, term by term, so the thresholds are the same to the
 bit: `stages.top_k` and `stages.top_p` stay the oracle, and these are what the engine runs.
@@ -111,12 +111,12 @@ def nucleus(x: mx.array, p: mx.array, uncut: mx.array | None = None) -> Nucleus 
 
 def _largest(x: np.ndarray, e: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The `n` largest logits of `x`, largest first, and their weights `e` in the same
-    order: the first n entries of the sorted reference's `xs` and `es`. `e` is a
-    non-decreasing function of `x`, so the n largest weights belong to the n largest
-    logits, and sorting each by value lines them up (equal logits have equal weights)."""
+    order: the first n entries of the sorted reference's `xs` and `es`. One selection
+    finds the n largest logits; `e` is a non-decreasing function of `x`, so sorting the
+    logits and their weights each by value lines them up (equal logits have equal weights)."""
     if n < x.size:
-        k = x.size - n
-        x, e = np.partition(x, k)[k:], np.partition(e, k)[k:]
+        idx = np.argpartition(x, x.size - n)[x.size - n:]
+        x, e = x[idx], e[idx]
     return np.sort(x)[::-1], np.sort(e)[::-1]
 
 
