@@ -30,9 +30,9 @@ ARCHITECTURES = {
                                      original_max_position_embeddings=1024)),
     "qwen3": dict(BASE, model_type="qwen3", head_dim=32, tie_word_embeddings=True),
     "qwen2_moe": dict(BASE, model_type="qwen2_moe", tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
-                      moe_intermediate_size=32, shared_expert_intermediate_size=64),
+                      moe_intermediate_size=64, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(BASE, model_type="qwen3_moe", head_dim=32, tie_word_embeddings=True, num_experts=8,
-                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
                       decoder_sparse_step=1, mlp_only_layers=[]),
 }
 GROUP_SIZE = 32

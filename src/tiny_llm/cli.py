@@ -2,8 +2,10 @@
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import sys
 import time
@@ -13,6 +15,7 @@ import mlx.core as mx
 
 from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_QUEUE, MAX_TOKENS, NUM_DRAFT_TOKENS, PAGE_SIZE,
                        PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE)
+from . import distributed
 from .progress import missing_day
 
 
@@ -287,7 +290,7 @@ def _load(args: argparse.Namespace, name: str | None = None):
                    "instead (as with --no-fused)")
         fused = False
     try:
-        return load(name or args.model, fused=fused)
+        return load(name or args.model, fused=fused, group=distributed.group())
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
 
@@ -715,6 +718,13 @@ def _serve(args: argparse.Namespace) -> None:
     if args.api_key is not None and not args.api_key.strip():
         raise UserError("--api-key is empty")
     _check_cache_options(args)
+    if distributed.rank() != 0:  # another rank of a tensor-parallel server: rank 0 listens
+        from .serve.lockstep import follow
+
+        _prefix_cache_days_done(args)
+        model, tokenizer = _load(args)
+        follow(distributed.group(), model, tokenizer)
+        return
     try:  # a clear message now rather than uvicorn's log line after the model has loaded
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -733,7 +743,7 @@ def _serve(args: argparse.Namespace) -> None:
                    max_batch_size=args.max_batch_size, max_queue=args.max_queue,
                    prefill_step_size=_prefill_step(args), api_key=args.api_key,
                    max_prompt_tokens=args.max_prompt_tokens, page_size=args.page_size,
-                   prefix_cache_bytes=args.prefix_cache_bytes)
+                   prefix_cache_bytes=args.prefix_cache_bytes, group=distributed.group())
     print(f"tiny-llm serve: {name} on http://{args.host}:{args.port} (chat page at /, API at /v1; "
           f"up to {args.max_batch_size} requests decode together); Ctrl-C stops", file=sys.stderr, flush=True)
 
@@ -836,19 +846,34 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 0
-    try:
-        status = args.run(args)
-    except UserError as e:
-        print(f"tiny-llm: error: {e}", file=sys.stderr)
-        return 2
-    except NotImplementedError as e:  # a starter whose day is not done yet
-        if (found := missing_day(e)) is None:
-            raise
-        print(f"tiny-llm: error: {_missing_day_message(*found)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
+    errors = sys.stderr
+    with contextlib.ExitStack() as quiet:
+        try:
+            where = ""
+            if distributed.launched():  # one rank of several (mlx.launch): rank 0 alone prints
+                where = f"rank {distributed.rank()}: "
+                if distributed.rank() != 0:
+                    sink = quiet.enter_context(open(os.devnull, "w"))
+                    quiet.enter_context(contextlib.redirect_stdout(sink))
+                    quiet.enter_context(contextlib.redirect_stderr(sink))
+            status = args.run(args)
+        except UserError as e:
+            print(f"tiny-llm: error: {where}{e}", file=errors)
+            return 2
+        except NotImplementedError as e:  # a starter whose day is not done yet
+            if (found := missing_day(e)) is None:
+                raise
+            print(f"tiny-llm: error: {where}{_missing_day_message(*found)}", file=errors)
+            return 2
+        except RuntimeError as e:
+            if not distributed.lost_peer(e):
+                raise
+            print(f"tiny-llm: error: {where}the connection to another rank was lost (it exited or was "
+                  f"killed): {e}", file=errors)
+            return 1
+        except KeyboardInterrupt:
+            print(file=errors)
+            return 130
     return status or 0
 
 

@@ -53,6 +53,7 @@ def load(
     dequantize: bool = False,
     dtype: mx.Dtype | None = None,
     fused: bool | None = None,
+    group: mx.distributed.Group | None = None,
 ) -> tuple[Qwen2Model, Tokenizer]:
     """Load a model and its tokenizer.
 
@@ -63,10 +64,12 @@ def load(
     floating-point weights after unpacking; quantized weights keep their packing. `fused`
     picks the `mx.fast` kernels for RMSNorm, RoPE and attention (week 2, day 3); False runs
     the hand-written week-1 functions; None (the default) picks the kernels once week 2
-    day 3 is implemented, which in the finished engine it always is.
+    day 3 is implemented, which in the finished engine it always is. `group` (of more than
+    one rank, see `tiny_llm.distributed`): this rank's shard of a tensor-parallel model
+    (week 3 day 5), read from the checkpoint's slices alone.
     """
     path = resolve(name_or_path)
-    model = load_model(path, dequantize=dequantize, dtype=dtype, fused=fused)
+    model = load_model(path, dequantize=dequantize, dtype=dtype, fused=fused, group=group)
     return model, Tokenizer.from_directory(path)
 
 
@@ -93,10 +96,11 @@ def load_model(
     dequantize: bool = False,
     dtype: mx.Dtype | None = None,
     fused: bool | None = None,
+    group: mx.distributed.Group | None = None,
 ) -> Qwen2Model:
     """Build the model from a directory holding `config.json` and `*.safetensors`; with
-    `dequantize=True` quantized weights are unpacked to float32; see `load` for `dtype`
-    and `fused`."""
+    `dequantize=True` quantized weights are unpacked to float32; see `load` for `dtype`,
+    `fused` and `group`."""
     if dtype is not None and (not isinstance(dtype, mx.Dtype) or not mx.issubdtype(dtype, mx.floating)):
         raise ValueError(f"dtype must be a floating-point mx.Dtype (mx.float16, mx.bfloat16, mx.float32), got {dtype!r}")
     directory = Path(path)
@@ -113,13 +117,26 @@ def load_model(
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{directory} has no *.safetensors weight files")
+    quantization = config.get("quantization")
+    local, slices = args, None
+    if group is not None and group.size() > 1:
+        from .distributed import agree, model_fingerprint
+        from .tensor_parallel import plan
+
+        agree(model_fingerprint(directory), "the model (config.json and weight files)")
+        local, slices = plan(args, group.rank(), group.size(), unit=_group_unit(quantization))
     tensors: dict[str, mx.array] = {}
     for file in files:
         try:
-            tensors.update(mx.load(str(file)))
+            if slices is None:
+                tensors.update(mx.load(str(file)))
+            else:
+                from .distributed import read_shard
+
+                tensors.update(read_shard([file], slices, quantization, group.rank()))
         except Exception as e:  # mx.load raises RuntimeError/ValueError with terse texts
             raise ValueError(f"cannot read weights from {file}: {e}") from None
-    weights = gather_quantized(stack_experts(tensors, args), config.get("quantization"), unpack=dequantize)
+    weights = gather_quantized(stack_experts(tensors, local), quantization, unpack=dequantize)
     weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
@@ -128,7 +145,11 @@ def load_model(
                    for k, v in weights.items()}
     if fused is None:
         fused = fused_kernels_implemented()
-    model = Qwen2Model(args, weights, fused=fused)
+    model = Qwen2Model(local, weights, fused=fused)
+    if slices is not None:
+        from .tensor_parallel import parallel
+
+        model = parallel(model, group)
     # Read (and unpack) now, not inside the first forward pass.
     mx.eval([a for w in weights.values() for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w])])
     return model
@@ -148,6 +169,16 @@ def _probe_fused() -> None:
     FusedRoPE(4)(x)
     q = x.transpose(0, 2, 1, 3)  # B, H, L, D
     fused_attention(q, q, q)
+
+
+def _group_unit(quantization: Mapping | None) -> int:
+    """The largest quantization group size of a checkpoint (1 for a float one): hidden
+    features are split across ranks in whole groups."""
+    if not quantization:
+        return 1
+    sizes = [quantization.get("group_size", 64)]
+    sizes += [v.get("group_size", 64) for v in quantization.values() if isinstance(v, Mapping)]
+    return int(max(sizes))
 
 
 def stack_experts(tensors: Mapping[str, mx.array], args: ModelArgs) -> dict[str, mx.array]:

@@ -330,6 +330,9 @@ class Qwen2Model:
         check_weights(args, weights)
         self.args = args
         self.fused = fused
+        # The bytes of the weights this model holds (packed, as stored).
+        self.weight_bytes = sum(a.nbytes for w in weights.values()
+                                for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w]))
         table = weights["model.embed_tokens.weight"]
         self.embed_tokens = QuantizedEmbedding(table) if isinstance(table, QuantizedWeight) else Embedding(table)
         self.layers = [

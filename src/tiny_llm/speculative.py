@@ -12,12 +12,12 @@ prompt lookup, which proposes the tokens that followed the latest earlier occurr
 last few tokens (a point mass: `q(x) = 1`).
 """
 
-import secrets
 from collections.abc import Generator
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .distributed import fresh_seed
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
 from .model import CachedModel, prefill, vocab_size
 from .sampler import Sampler, SamplingParams, rng
@@ -145,7 +145,7 @@ def speculative_generate_step(
 
 def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams, step_size, stats, tokenizer):
     engine = Sampler(params, tokenizer)
-    seed = params.seed if params.seed is not None else secrets.randbits(32)
+    seed = params.seed if params.seed is not None else fresh_seed()
     counter = 0
 
     def uniforms(n: int) -> mx.array:

@@ -745,6 +745,11 @@ class Grammar:
         self.automaton = Automaton(self.program)
         self._matchers: dict = {}  # per token table
 
+    def __reduce__(self):
+        """Pickled as its GBNF text (and compiled again when unpickled), without the masks
+        its matchers have cached: how a request's grammar reaches the other ranks."""
+        return (Grammar, (self.gbnf, self.root))
+
     @classmethod
     def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
         return cls(text, root)

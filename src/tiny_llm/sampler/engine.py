@@ -12,7 +12,6 @@ min-p), the fast path's window (`fast.py`), or the whole chain (`stages.py`).
 """
 
 import math
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from ..distributed import fresh_seed
 from . import fast, rng, search, stages
 from .checks import RowError
 from .draw import argmax_and_value, draw, scatter_rows
@@ -237,7 +237,7 @@ class Sampler:
         (unseeded rows are independent of each other), kept across `reset()`."""
         seed = self._template.params.seed
         while len(self._seeds) <= b:
-            self._seeds.append(seed if seed is not None else secrets.randbits(32))
+            self._seeds.append(seed if seed is not None else fresh_seed())
         return self._seeds[b]
 
     def _finish(self, tokens: mx.array, rows: list[Row], start: float) -> None:

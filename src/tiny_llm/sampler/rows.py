@@ -6,11 +6,11 @@ estimate and grammar state, so it goes on where it was.
 """
 
 import copy
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..distributed import fresh_seed
 from ..constrain import TokenMatcher, TokenTable
 from . import fast
 from .params import SamplingParams
@@ -69,7 +69,7 @@ def make_rows(params: Sequence[SamplingParams], tokenizer: "Tokenizer | TokenTab
     new but self-consistent. `tokenizer` (a `Tokenizer` or a `TokenTable`) encodes string
     DRY breakers and gives grammars their vocabulary."""
     matchers = _grammar_matchers(params, tokenizer)
-    return [Row(p, p.seed if p.seed is not None else secrets.randbits(32), _encode_breakers(p, tokenizer), m)
+    return [Row(p, p.seed if p.seed is not None else fresh_seed(), _encode_breakers(p, tokenizer), m)
             for p, m in zip(params, matchers)]
 
 

@@ -18,12 +18,13 @@ from .protocol import Context
 
 def build(model, tokenizer, *, model_ids: tuple[str, ...], max_batch_size: int, max_queue: int,
           prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None,
-          page_size: int = PAGE_SIZE, prefix_cache_bytes: int | None = None) -> Server:
-    """A `Server` for a loaded model: its engine thread (not started yet) and settings."""
+          page_size: int = PAGE_SIZE, prefix_cache_bytes: int | None = None, group=None) -> Server:
+    """A `Server` for a loaded model: its engine thread (not started yet) and settings.
+    `group`: the ranks that hold the model's other shards (they `lockstep.follow`)."""
     metrics = Metrics()
     engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_queue=max_queue,
                     prefill_step_size=prefill_step_size, metrics=metrics, page_size=page_size,
-                    prefix_cache_bytes=prefix_cache_bytes)
+                    prefix_cache_bytes=prefix_cache_bytes, group=group)
     ctx = Context(tokenizer, model_ids, model.args.max_position_embeddings or None, model.args.vocab_size,
                   max_prompt_tokens)
     return Server(engine, ctx, api_key=api_key)

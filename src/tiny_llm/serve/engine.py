@@ -8,7 +8,9 @@ batch before the next step.
 """
 
 import asyncio
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,10 +20,12 @@ import mlx.core as mx
 from ..batch import BatchGenerator, TokenLogprobs
 from ..constrain import TokenTable
 from ..defaults import PAGE_SIZE
+from ..distributed import lost_peer
 from ..model import Model
 from ..tokenizer import Tokenizer
 from .metrics import Metrics
 from .protocol import Job, RequestError
+from .lockstep import HEARTBEAT, Leader
 from .text import StopStrings, ToolCall, ToolCallText
 
 
@@ -81,8 +85,9 @@ class Engine:
 
     def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_queue: int,
                  prefill_step_size: int, metrics: Metrics, page_size: int = PAGE_SIZE,
-                 prefix_cache_bytes: int | None = None):
+                 prefix_cache_bytes: int | None = None, group: mx.distributed.Group | None = None):
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
+        self.group = group  # ranks that run every operation with this one (tensor parallelism)
         self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
         self.page_size, self.prefix_cache_bytes = page_size, prefix_cache_bytes
         self.gen = self._generator()
@@ -95,10 +100,12 @@ class Engine:
         self._queued: list[Handle] = []  # inserted jobs with a row still waiting for the batch
         self._thread = threading.Thread(target=self._run, name="tiny-llm-engine", daemon=True)
 
-    def _generator(self) -> BatchGenerator:
-        return BatchGenerator(self.model, self.tokenizer, max_batch_size=self.max_batch_size,
-                              prefill_step_size=self.prefill_step_size, page_size=self.page_size,
-                              prefix_cache_bytes=self.prefix_cache_bytes)
+    def _generator(self) -> "BatchGenerator | Leader":
+        settings = dict(max_batch_size=self.max_batch_size, prefill_step_size=self.prefill_step_size,
+                        page_size=self.page_size, prefix_cache_bytes=self.prefix_cache_bytes)
+        if self.group is not None:
+            return Leader(self.group, self.model, self.tokenizer, **settings)
+        return BatchGenerator(self.model, self.tokenizer, **settings)
 
     # ---- any thread --------------------------------------------------------------------------
 
@@ -139,6 +146,15 @@ class Engine:
     def _run(self) -> None:
         try:
             self._loop()
+            if self.group is not None:
+                self.gen.stop()  # the other ranks end with this one
+        except RuntimeError as e:
+            if not lost_peer(e):
+                raise
+            # Without the other ranks no forward pass can run: the server ends.
+            print(f"tiny-llm: error: rank 0: the connection to another rank was lost (it exited or was "
+                  f"killed): {e}", file=sys.stderr, flush=True)
+            os._exit(1)
         finally:  # MLX asks each thread to release its streams before it ends
             mx.synchronize()
             mx.clear_streams()
@@ -158,7 +174,8 @@ class Engine:
                 except Exception as e:  # a bug of ours: this job fails, the others go on
                     self._fail(handle, f"internal error: {type(e).__name__}: {e}")
             if not self.gen.has_work():
-                self._wake.wait()
+                if not self._wake.wait(HEARTBEAT if self.group is not None else None):
+                    self.gen.ping()  # idle: a rank that died is noticed all the same
                 self._wake.clear()
                 continue
             prefilled, cached = self.gen.stats.prompt_tokens, self.gen.stats.cached_tokens
