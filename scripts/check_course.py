@@ -21,6 +21,7 @@ anything fails.
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,7 @@ DEMOS: dict[str, list[list[str]]] = {
     "week3-day2": [BATCH + ["--max-batch-size", "2", "--prefix-cache-bytes", "0", "--verbose"]],
     "week3-day3": [BATCH + ["--max-batch-size", "2", "--verbose"]],
     "week3-day4": [GENERATE + ["--model", MOE, "--verbose"]],
+    "week3-day5": [["mlx.launch", "--backend", "ring", "-n", "2", "--", "tiny-llm", *GENERATE]],
 }
 # Commands that prepare a day's DEMOS and NEEDS (they must succeed at any stage).
 SETUP: dict[str, list[list[str]]] = {
@@ -148,18 +150,29 @@ def stage_of(test: str) -> int:
 
 
 def run_command(tree: Path, argv: list[str]) -> subprocess.CompletedProcess:
-    """A CLI command (`tiny-llm ARGS`) or a script (`scripts/X.py`) inside `tree`."""
-    prefix = [sys.executable] if argv[0].endswith(".py") else [sys.executable, "-m", "tiny_llm"]
+    """A CLI command (`tiny-llm ARGS`), a script (`scripts/X.py`), or `mlx.launch ... --
+    tiny-llm ARGS` on 127.0.0.1 (ports the system picks free), inside `tree`."""
+    if argv[0] == "mlx.launch":
+        cut = argv.index("--")
+        with socket.socket() as s:  # the ring listens on this port + rank
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        command = [sys.executable, "-m", "tiny_llm", *argv[cut + 2:]]
+        full = [str(Path(sys.executable).parent / "mlx.launch"), *argv[1:cut], "--starting-port", str(port), "--",
+                *command]
+    else:
+        prefix = [sys.executable] if argv[0].endswith(".py") else [sys.executable, "-m", "tiny_llm"]
+        full = prefix + argv
     try:
-        return subprocess.run(prefix + argv, cwd=tree, env=_env(tree), capture_output=True, text=True,
+        return subprocess.run(full, cwd=tree, env=_env(tree), capture_output=True, text=True,
                               timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, -1, "", f"timed out after {COMMAND_TIMEOUT} s")
 
 
 def _shown(argv: list[str]) -> str:
-    return ("python " if argv[0].endswith(".py") else "tiny-llm ") + " ".join(
-        f'"{a}"' if " " in a else a for a in argv)
+    prefix = "python " if argv[0].endswith(".py") else "" if argv[0] == "mlx.launch" else "tiny-llm "
+    return prefix + " ".join(f'"{a}"' if " " in a else a for a in argv)
 
 
 def check_demo(tree: Path, argv: list[str], done: set[str]) -> tuple[bool, str]:

@@ -24,6 +24,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week3-day2": ("week2-day5",),  # the batch engine on pages, compared with the dense batch
     "week3-day3": ("week3-day2",),  # the prefix cache shares pages
     "week3-day4": ("week2-day2",),  # mixture of experts: whole sparse models, with their cache
+    # Tensor parallelism: sparse models sharded too; real ranks run the command line and serve.
+    "week3-day5": ("week3-day4", "week2-day3", "week2-day5", "week3-day3"),
 }
 DAYS = tuple(DEPENDS)
 

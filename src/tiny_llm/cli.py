@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -838,6 +839,22 @@ def _finish_mlx() -> None:
     mx.clear_streams()
 
 
+_said: list[str] = []  # the error this process printed, if any
+
+
+def _stopped_by_launcher(where: str, errors):
+    """A SIGTERM handler for one rank of several: mlx.launch ends the other ranks when one
+    fails. Say so (unless this rank has said why it ends already) and end now."""
+
+    def handler(signum, frame):
+        if not _said:
+            print(f"tiny-llm: error: {where}stopped by mlx.launch: another rank exited or was killed",
+                  file=errors, flush=True)
+        os._exit(1)
+
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     atexit.unregister(_finish_mlx)  # once, however often `main` runs in one process
     atexit.register(_finish_mlx)
@@ -852,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
             where = ""
             if distributed.launched():  # one rank of several (mlx.launch): rank 0 alone prints
                 where = f"rank {distributed.rank()}: "
+                signal.signal(signal.SIGTERM, _stopped_by_launcher(where, errors))
                 if distributed.rank() != 0:
                     sink = quiet.enter_context(open(os.devnull, "w"))
                     quiet.enter_context(contextlib.redirect_stdout(sink))
@@ -868,8 +886,9 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             if not distributed.lost_peer(e):
                 raise
+            _said.append("lost")
             print(f"tiny-llm: error: {where}the connection to another rank was lost (it exited or was "
-                  f"killed): {e}", file=errors)
+                  f"killed): {e}", file=errors, flush=True)
             return 1
         except KeyboardInterrupt:
             print(file=errors)

@@ -123,8 +123,8 @@ def load_model(
         from .distributed import agree, model_fingerprint
         from .tensor_parallel import plan
 
-        agree(model_fingerprint(directory), "the model (config.json and weight files)")
         local, slices = plan(args, group.rank(), group.size(), unit=_group_unit(quantization))
+        agree(model_fingerprint(directory), "the model (config.json and weight files)")
     tensors: dict[str, mx.array] = {}
     for file in files:
         try:

@@ -50,12 +50,14 @@ def split(n: int, world: int, rank: int, unit: int = 1, what: str = "n") -> tupl
     """`rank`'s contiguous share `[start, stop)` of `n` items (`what`, for errors), cut into
     `world` parts as evenly as whole `unit`s allow (the first parts one unit larger when
     they do not divide). `ValueError` when a part would be empty."""
+    # BEGIN SOLUTION week3-day5
     if n % unit or n // unit < world:
         groups = f" in whole quantization groups of {unit}" if unit > 1 else ""
         raise ValueError(f"{what}={n} cannot be split over {world} ranks{groups}: each rank needs a part")
     units, extra = divmod(n // unit, world)
     start = rank * units + min(rank, extra)
     return unit * start, unit * (start + units + (rank < extra))
+    # END SOLUTION
 
 
 def plan(args: ModelArgs, rank: int, world: int, unit: int = 1) -> tuple[ModelArgs, dict[str, Slice]]:
