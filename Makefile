@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-before-after clean
+.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ bench-serve: setup
 # prompt caches, and the KV memory of a paged batch (QUICK=1: smoke run).
 bench-prefix: setup
 	$(PY) scripts/bench_prefix.py $(if $(QUICK),--quick,)
+
+# Tensor parallelism: 1 rank against 2 (mlx.launch on 127.0.0.1), beside mlx-lm (QUICK=1: smoke run).
+bench-distributed: setup
+	$(PY) scripts/bench_distributed.py $(if $(QUICK),--quick,)
 
 # Sampling and decoding of the working tree against an earlier commit, interleaved in one
 # process (BEFORE=rev; for changes that should not alter speed).
