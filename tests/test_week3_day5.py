@@ -190,7 +190,16 @@ def launch(ranks: int, command: list[str], timeout: float = TIMEOUT) -> subproce
     """`mlx.launch --backend ring -n RANKS -- command` on 127.0.0.1, bounded in time."""
     argv = [LAUNCH, "--backend", "ring", "-n", str(ranks), "--starting-port", str(free_ports(ranks)), "--",
             *command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    # A session of its own: on time-out the launcher and every rank it started are stopped.
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        pytest.fail(f"{' '.join(command[:4])} ... did not end within {timeout} s: {err[-2000:]}")
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def cli_argv(*args: str) -> list[str]:
@@ -199,9 +208,18 @@ def cli_argv(*args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """Two random-weight model directories, after checking in this process that the plan
+    splits them over 2 ranks (the ranks run the same plan)."""
     root = tmp_path_factory.mktemp("tp")
-    return {"qwen2": write_random_model(root / "qwen2", "qwen2", seed=1),
-            "qwen3_moe-4bit": write_random_model(root / "qwen3_moe", "qwen3_moe", bits=4, seed=2)}
+    paths = {"qwen2": write_random_model(root / "qwen2", "qwen2", seed=1),
+             "qwen3_moe-4bit": write_random_model(root / "qwen3_moe", "qwen3_moe", bits=4, seed=2)}
+    for path in paths.values():
+        config = json.loads((path / "config.json").read_text())
+        unit = config.get("quantization", {}).get("group_size", 1)
+        halves = [plan(ModelArgs.from_config(config), r, 2, unit)[0] for r in (0, 1)]
+        assert [a.num_key_value_heads for a in halves] == [1, 1]
+        assert sum(a.intermediate_size for a in halves) == config["intermediate_size"]
+    return paths
 
 
 WORKER = textwrap.dedent('''
@@ -366,6 +384,8 @@ def test_two_ranks_serve_http_from_rank_zero(models):
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
+            if server.poll() is not None:
+                pytest.fail(f"the server ended: {server.stderr.read()[-2000:]}")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break

@@ -889,7 +889,9 @@ def main(argv: list[str] | None = None) -> int:
             _said.append("lost")
             print(f"tiny-llm: error: {where}the connection to another rank was lost (it exited or was "
                   f"killed): {e}", file=errors, flush=True)
-            return 1
+            # End now: work queued behind the failed collective must not hold the exit up.
+            sys.stdout.flush()
+            os._exit(1)
         except KeyboardInterrupt:
             print(file=errors)
             return 130
