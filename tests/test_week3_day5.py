@@ -16,9 +16,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import model_weights, reference_model
+from conftest import model_weights, reference_model, vocab_tokenizer
 
 from tiny_llm.attention import causal_mask
+from tiny_llm.sampler import SamplingParams
 from tiny_llm.quantize import QuantizedWeight, project
 from tiny_llm.qwen2 import ModelArgs, Qwen2Model
 from tiny_llm.tensor_parallel import COLUMNS, ROWS, AllSum, Slice, plan, shard, shard_weights, split
@@ -152,6 +153,29 @@ def test_sum_over_ranks_of_a_quantized_model():
                                atol=1e-4, rtol=1e-4)
 
 
+def test_ranks_count_cache_pages_of_the_whole_model():
+    """The ranks' prefix caches must evict the same pages: each rank's page pool counts the
+    bytes of a whole-model page, the same on a rank with 2 key/value heads and on one with 1,
+    so that a prompt finds as many cached tokens on every rank."""
+    from tiny_llm.batch import BatchGenerator
+    from tiny_llm.tensor_parallel import parallel
+
+    args = ModelArgs.from_config(CONFIGS["llama-uneven"])
+    weights = model_weights(reference_model(CONFIGS["llama-uneven"], seed=5))
+    whole = BatchGenerator(Qwen2Model(args, weights), vocab_tokenizer(112), paged=True, prefix_cache_bytes=1 << 20)
+    cached = []
+    for gen in [whole] + [BatchGenerator(parallel(Qwen2Model(*shard_weights(args, weights, r, 2)),
+                                                  mx.distributed.init(), args),  # a group of one: sums nothing
+                                         vocab_tokenizer(112), paged=True, prefix_cache_bytes=1 << 20)
+                          for r in (0, 1)]:
+        gen.insert(list(range(1, 40)), 2, SamplingParams(temperature=0.0))
+        while gen.has_work():
+            gen.step()
+        cached.append((gen.pool.heads_share, gen.pool.page_nbytes))
+    assert [share for share, _ in cached] == [(1, 1), (2, 3), (1, 3)]
+    assert cached[0][1] == cached[1][1] == cached[2][1] > 0
+
+
 def test_all_sum_of_one_rank_is_the_sub_layer():
     group = mx.distributed.init()  # alone: a group of one
     x = mx.arange(6.0).reshape(2, 3)
@@ -218,7 +242,8 @@ def models(tmp_path_factory):
         unit = config.get("quantization", {}).get("group_size", 1)
         halves = [plan(ModelArgs.from_config(config), r, 2, unit)[0] for r in (0, 1)]
         assert [a.num_key_value_heads for a in halves] == [1, 1]
-        assert sum(a.intermediate_size for a in halves) == config["intermediate_size"]
+        hidden = "moe_intermediate_size" if "num_experts" in config else "intermediate_size"  # what is cut
+        assert sum(getattr(a, hidden) for a in halves) == config[hidden]
     return paths
 
 

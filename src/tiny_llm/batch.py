@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE
 from .kv_cache import BatchKVCache
-from .model import Model, check_context, prefill, prompt_array, vocab_size
+from .model import Model, check_context, heads_share, prefill, prompt_array, vocab_size
 from .paged_cache import BlockTable, PagedKVCache, PagePool, check_page_size, paged_cache_implemented, paged_views
 from .prefix_cache import PrefixCache, check_budget, prefix_cache_implemented
 from .sampler import Sampler, SamplingParams
@@ -154,7 +154,7 @@ class BatchGenerator:
             paged = bool(prefix_cache_bytes) or paged_cache_implemented()
         if prefix_cache_bytes is None:
             prefix_cache_bytes = PREFIX_CACHE_BYTES if paged and prefix_cache_implemented() else 0
-        self.pool = PagePool(page_size) if paged else None
+        self.pool = PagePool(page_size, heads_share=heads_share(model)) if paged else None
         self.prefix_cache = PrefixCache(self.pool, prefix_cache_bytes) if prefix_cache_bytes else None
         self.stats = BatchStats()
         self._eos = tokenizer.eos_token_ids

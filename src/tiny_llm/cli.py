@@ -129,16 +129,18 @@ def _prefix_cache_days_done(args: argparse.Namespace) -> bool:
     return True
 
 
-def _prefix_cache(args: argparse.Namespace):
+def _prefix_cache(args: argparse.Namespace, model):
     """The prefix cache `chat` keeps across turns, or None when it is off (by
     --prefix-cache-bytes 0, --no-kv-cache, or days not done yet)."""
+    from .model import heads_share
     from .paged_cache import PagePool
     from .prefix_cache import PrefixCache
 
     budget = args.prefix_cache_bytes
     if budget == 0 or not _kv_cache(args) or not _prefix_cache_days_done(args):
         return None
-    return PrefixCache(PagePool(args.page_size), PREFIX_CACHE_BYTES if budget is None else budget)
+    return PrefixCache(PagePool(args.page_size, heads_share=heads_share(model)),
+                       PREFIX_CACHE_BYTES if budget is None else budget)
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
@@ -517,7 +519,7 @@ def _chat(args: argparse.Namespace) -> None:
     model, tokenizer = _load(args)
     _check_vocabulary(params, model)
     sampler = _make_sampler(args, tokenizer)  # one sampler: its seed stream runs across turns
-    prefix_cache = _prefix_cache(args)  # each turn prefills only what the last one did not hold
+    prefix_cache = _prefix_cache(args, model)  # each turn prefills only what the last one did not hold
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a message and press Enter. Ctrl-C stops a reply, Ctrl-D leaves.", file=sys.stderr)

@@ -167,7 +167,8 @@ def read_shard(files: list[Path], slices: Mapping, quantization: Mapping | None,
             start, stop = s.start, s.stop
             if s.axis == COLUMNS and kind in ("weight", "scales", "biases") and quantization and (
                     module + ".scales") in f.header:
-                params = quantization.get(module) or quantization.get(module.replace(".experts.", ".switch_mlp."))
+                stacked_module = stacked.rpartition(".")[0]  # overrides name experts by their stack
+                params = quantization.get(module) or quantization.get(stacked_module)
                 params = params if isinstance(params, Mapping) else quantization
                 group_size, bits = int(params.get("group_size", 64)), int(params.get("bits", 4))
                 per = group_size if kind != "weight" else 32 // bits

@@ -149,7 +149,7 @@ def load_model(
     if slices is not None:
         from .tensor_parallel import parallel
 
-        model = parallel(model, group)
+        model = parallel(model, group, args)
     # Read (and unpack) now, not inside the first forward pass.
     mx.eval([a for w in weights.values() for a in (w.arrays() if isinstance(w, QuantizedWeight) else [w])])
     return model

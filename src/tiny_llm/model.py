@@ -127,3 +127,12 @@ def prefill(model: CachedModel, tokens: mx.array, cache: list[Cache], step_size:
         tokens = tokens[:, n:]
     return model(tokens, cache=cache)[:, -1, :]
     # END SOLUTION
+
+
+def heads_share(model: object) -> tuple[int, int]:
+    """(key/value heads this process holds, key/value heads of the whole model): `(1, 1)`
+    unless `model` is one rank's shard of a tensor-parallel model (`whole_args` set)."""
+    args, whole = getattr(model, "args", None), getattr(model, "whole_args", None)
+    if args is None or whole is None:
+        return (1, 1)
+    return (args.num_key_value_heads, whole.num_key_value_heads)

@@ -35,8 +35,11 @@ class PagePool:
     valid), so its storage stays within about 1/8 of the most pages ever in use; pages
     given back are reused, the storage never shrinks."""
 
-    def __init__(self, page_size: int = PAGE_SIZE, num_pages: int = 64):
+    def __init__(self, page_size: int = PAGE_SIZE, num_pages: int = 64, heads_share: tuple[int, int] = (1, 1)):
         self.page_size = check_page_size(page_size)
+        # (key/value heads held here, key/value heads of the whole model): a rank of a
+        # tensor-parallel model holds a share of every page; budgets count whole pages.
+        self.heads_share = heads_share
         if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 1:
             raise ValueError(f"num_pages must be a positive integer, got {num_pages!r}")
         self.refs = [0] * num_pages  # holders of each page; 0 = free
@@ -54,8 +57,11 @@ class PagePool:
 
     @property
     def page_nbytes(self) -> int:
-        """Bytes of one page's keys and values over every layer written so far."""
-        return sum((self.keys[l].nbytes + self.values[l].nbytes) // self.capacity for l in self.keys)
+        """Bytes of one page's keys and values over every layer written so far, for the whole
+        model: on every rank of a tensor-parallel model the same number, so that the ranks'
+        prefix caches evict the same pages and stay in step."""
+        held, whole = self.heads_share
+        return sum((self.keys[l].nbytes + self.values[l].nbytes) // self.capacity for l in self.keys) * whole // held
 
     def allocate(self) -> int:
         """A free page, now held once (reference count 1)."""

@@ -88,9 +88,10 @@ def plan(args: ModelArgs, rank: int, world: int, unit: int = 1) -> tuple[ModelAr
         if bias:
             slices[name + ".bias"] = Slice(COLUMNS, 0, 0, first_rank_only=True)
 
-    i0, i1 = split(args.intermediate_size, world, rank, unit, "intermediate_size")
-    sizes = {"num_attention_heads": q1 - q0, "num_key_value_heads": k1 - k0, "head_dim": Dh,
-             "intermediate_size": i1 - i0}
+    sizes = {"num_attention_heads": q1 - q0, "num_key_value_heads": k1 - k0, "head_dim": Dh}
+    if not all(args.is_moe_layer(i) for i in range(args.num_hidden_layers)):  # some layer is dense
+        i0, i1 = split(args.intermediate_size, world, rank, unit, "intermediate_size")
+        sizes["intermediate_size"] = i1 - i0
     if args.num_experts:
         m0, m1 = split(args.moe_intermediate_size, world, rank, unit, "moe_intermediate_size")
         sizes["moe_intermediate_size"] = m1 - m0
@@ -166,9 +167,10 @@ def shard_weights(args: ModelArgs, weights: Mapping[str, Weight], rank: int, wor
     return local, {name: shard(w, slices[name], rank) if name in slices else w for name, w in weights.items()}
 
 
-def parallel(model, group: mx.distributed.Group):
+def parallel(model, group: mx.distributed.Group, whole: ModelArgs):
     """`model` (a `Qwen2Model` built from one rank's weights) with an `AllSum` after every
-    attention and every MLP: a layer of the tensor-parallel model."""
+    attention and every MLP: one rank of the tensor-parallel model of `whole`."""
+    model.whole_args = whole  # what caches are sized against (`model.heads_share`)
     for layer in model.layers:
         layer.self_attn = AllSum(layer.self_attn, group)
         layer.mlp = AllSum(layer.mlp, group)
