@@ -1,6 +1,7 @@
 """Shared fixtures: random-weight reference models from mlx-lm and the default model."""
 
 import importlib
+import json
 
 import mlx.core as mx
 import numpy as np
@@ -91,6 +92,14 @@ def reference_model(config: dict, seed: int = 0, scale: float = 0.2):
     model.load_weights(list(new.items()))
     mx.eval(model.parameters())
     return model
+
+
+def save_dir(path, config: dict, weights: dict):
+    """A model directory in mlx-lm's layout: `config.json` and one `model.safetensors`."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    return path
 
 
 def model_weights(model) -> dict[str, mx.array]:

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import TINY_CONFIGS, model_weights, reference_model
+from conftest import TINY_CONFIGS, model_weights, reference_model, save_dir
 
 import tiny_llm
 from tiny_llm.loader import _gguf_weights, load_model, resolve
@@ -19,13 +19,6 @@ from tiny_llm.quantize import QuantizedWeight
 def close(a, b, atol):
     np.testing.assert_allclose(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)),
                                atol=atol, rtol=atol)
-
-
-def save_dir(path: Path, config: dict, weights: dict) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    return path
 
 
 TOKENS = mx.array([[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8, 2, 8, 1, 8]])

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_half_precision_close, model_weights, reference_model
+from conftest import assert_half_precision_close, model_weights, reference_model, save_dir
 
 from tiny_llm.loader import load_model
 from tiny_llm.positional_encoding import ScaledRoPE
@@ -95,13 +95,6 @@ def test_qwen3_attention_normalises_queries_and_keys():
         plain[key] = mx.ones_like(plain[key]) * 3.0
     other = Qwen2Model(ModelArgs.from_config(config), plain)
     assert float(mx.abs(model(TOKENS) - other(TOKENS)).max()) > 1e-2
-
-
-def save_dir(path: Path, config: dict, weights: dict) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    return path
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import assert_close, assert_half_precision_close, model_weights, reference_model
+from conftest import assert_close, assert_half_precision_close, model_weights, reference_model, save_dir
 
 from tiny_llm.loader import load_model
 from tiny_llm.moe import Experts, MoEBlock, expert_linear, route
@@ -187,13 +187,6 @@ def test_batched_rows_equal_single_rows(name):
     both = model(TOKENS)
     for b in range(2):
         np.testing.assert_allclose(np.array(model(TOKENS[b:b + 1])[0]), np.array(both[b]), atol=1e-5, rtol=1e-5)
-
-
-def save_dir(path: Path, config: dict, weights: dict) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
-    return path
 
 
 @pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
