@@ -281,11 +281,12 @@ def run_worker(tmp_path: Path, ranks: int, paths: list[str]) -> dict:
 def test_two_ranks_compute_the_logits_of_one(models, tmp_path):
     """Logits of a whole sequence and through a KV cache (prefill, then a decode step) on 2
     ranks equal one process's (float32 within 1e-4; the packed model too), the same on both
-    ranks; each rank holds about half of the sharded weights plus the replicated ones."""
+    ranks; each rank holds about half of the sharded weights plus the replicated ones. (The
+    default model's greedy tokens: the next test.)"""
     import tiny_llm
     from tiny_llm.loader import _group_unit, gather_quantized, resolve, stack_experts
 
-    paths = [str(p) for p in models.values()] + ["default"]
+    paths = [str(p) for p in models.values()]
     two = run_worker(tmp_path, 2, paths)
     for path in paths:
         model, _ = tiny_llm.load(path)
@@ -322,25 +323,40 @@ def test_two_ranks_compute_the_logits_of_one(models, tmp_path):
         assert two[path, 0]["bytes"] + two[path, 1]["bytes"] - 2 * kept == sharded
 
 
-def test_two_ranks_generate_the_tokens_of_one_process(models, tmp_path):
-    """`mlx.launch -n 2 -- tiny-llm batch` prints once, and what one process prints: a
-    greedy request and a seeded sampled one, batched together (a packed mixture of
-    experts, so that every kind of sharded layer takes part)."""
+def one_process(argv: list[str]) -> str:
+    """What `tiny-llm ARGV` prints in this process (the reference for the ranks)."""
     import contextlib
     import io
 
     from tiny_llm.cli import main
 
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    return out.getvalue()
+
+
+def test_two_ranks_generate_the_tokens_of_one_process(models, tmp_path):
+    """`mlx.launch -n 2 -- tiny-llm batch` prints once, and what one process prints: a
+    greedy request and a seeded sampled one, batched together, on a packed mixture of
+    experts (every kind of sharded layer takes part)."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Tell me about the sea.", "temperature": 0}) + "\n"
                        + json.dumps({"prompt": "Name three colours.", "temperature": 0.9, "seed": 3}) + "\n")
     argv = ["batch", "--model", str(models["qwen3_moe-4bit"]), "--prompts", str(prompts), "--max-tokens", "12"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        assert main(argv) == 0
+    want = one_process(argv)
+    assert want.count("--- request") == 2
     two = launch(2, cli_argv(*argv))
-    assert out.getvalue().count("--- request") == 2
-    assert two.stdout == out.getvalue(), two.stderr[-2000:]
+    assert two.stdout == want, two.stderr[-2000:]
+
+
+def test_two_ranks_generate_the_default_models_greedy_tokens():
+    """The default model, its 3 key/value heads split 2 + 1: the greedy tokens of one process."""
+    argv = ["generate", "--prompt", "The capital of France is", "--no-chat-template", "--max-tokens", "6",
+            "--temp", "0"]
+    want = one_process(argv)
+    two = launch(2, cli_argv(*argv))
+    assert want.strip() and two.stdout == want, two.stderr[-2000:]
 
 
 def test_a_killed_rank_ends_the_others_with_a_message(models, tmp_path):
