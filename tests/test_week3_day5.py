@@ -352,6 +352,11 @@ def test_two_ranks_generate_the_tokens_of_one_process(models, tmp_path):
 
 def test_two_ranks_generate_the_default_models_greedy_tokens():
     """The default model, its 3 key/value heads split 2 + 1: the greedy tokens of one process."""
+    from tiny_llm.loader import resolve
+
+    config = json.loads((resolve("default") / "config.json").read_text())
+    halves = [plan(ModelArgs.from_config(config), r, 2, config["quantization"]["group_size"])[0] for r in (0, 1)]
+    assert [a.num_key_value_heads for a in halves] == [2, 1]
     argv = ["generate", "--prompt", "The capital of France is", "--no-chat-template", "--max-tokens", "6",
             "--temp", "0"]
     want = one_process(argv)
