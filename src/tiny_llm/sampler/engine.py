@@ -536,7 +536,9 @@ class Sampler:
                 y = fast.sparse_penalties(y, [hist[b] for b in members], P)
             ug = u[mx.array(members)]
             emptied = []  # rows whose kept tokens the grammar all forbids
-            for g, ids, yw in _windows(y, P, key, range(len(members)), rest, members):
+            answered, others = _windows(y, P, key)
+            rest += [members[g] for g in others]
+            for g, ids, yw in answered:
                 r = rg[g]
                 state, cand = r.grammar_at(), np.flatnonzero(yw > -math.inf)
                 if r.matcher.has_mask(state):
@@ -551,8 +553,10 @@ class Sampler:
             if emptied:
                 masks = mx.array(np.stack([rg[g].matcher.mask(rg[g].grammar_at(), V) for g in emptied]))
                 masked = mx.where(masks, y[mx.array(emptied)], -math.inf)
-                for g, ids, yw in _windows(masked, [P[g] for g in emptied], key, emptied, rest, members):
-                    found[members[g]] = (ids, yw, ug[g])
+                answered, others = _windows(masked, [P[g] for g in emptied], key)
+                rest += [members[emptied[i]] for i in others]
+                for i, ids, yw in answered:
+                    found[members[emptied[i]]] = (ids, yw, ug[emptied[i]])
         if found:
             drawn = [found[b] for b in sorted(found)]
             t = fast.window_draw(mx.array(np.stack([d[0] for d in drawn])), mx.array(np.stack([d[1] for d in drawn])),
@@ -561,21 +565,22 @@ class Sampler:
         return found, sorted(rest)
 
 
-def _windows(y: mx.array, params: list[SamplingParams], key: tuple[str, ...], names: Sequence[int],
-             rest: list[int], members: list[int]):
-    """The fast path's window of each row of `y [G, V]`: yields `(name, ids, yw)` (numpy, in
-    vocabulary order; `yw` the final logits) for rows whose final distribution lies in the
-    window and has a finite top; the batch row (`members[name]`) of every other row goes
-    to `rest`."""
+def _windows(y: mx.array, params: list[SamplingParams], key: tuple[str, ...]) -> tuple[list, list[int]]:
+    """The fast path's window of each row of `y [G, V]`: `(answered, others)`, where
+    `answered` holds `(g, ids, yw)` (numpy, in vocabulary order; `yw` the final logits) for
+    the rows whose final distribution lies in the window with a finite top, and `others`
+    the indices of the rest (the full path answers them, or raises)."""
     ids, yw, full = fast.window(y, params, key)
     top = mx.max(yw, axis=-1)
     mx.eval(ids, yw, full, top)
     ids, yw = np.array(ids), np.array(yw)
-    for g, (name, f, t) in enumerate(zip(names, full.tolist(), top.tolist())):
+    answered, others = [], []
+    for g, (f, t) in enumerate(zip(full.tolist(), top.tolist())):
         if f or not math.isfinite(t):
-            rest.append(members[name])  # the full path answers, or raises
+            others.append(g)
         else:
-            yield name, ids[g], yw[g]
+            answered.append((g, ids[g], yw[g]))
+    return answered, others
 
 
 def _check_tops(tops: list[float], rows: Sequence[int]) -> None:
