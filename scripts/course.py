@@ -20,12 +20,16 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week2-day3": ("week1-day5",),  # fused kernels, compared inside the whole model too
     "week2-day4": ("week2-day2", "week1-day7"),  # batches: cached prefill, per-row sampling
     "week2-day5": ("week2-day4",),  # continuous batching
+    # Our own quantized matrix product (C++): greedy tokens of the default model vs mlx-lm.
+    "week2-day6": ("week2-day2",),
     "week3-day1": ("week2-day2",),  # speculative decoding: the cache and its trim
     "week3-day2": ("week2-day5",),  # the batch engine on pages, compared with the dense batch
     "week3-day3": ("week3-day2",),  # the prefix cache shares pages
     "week3-day4": ("week2-day2",),  # mixture of experts: whole sparse models, with their cache
     # Tensor parallelism: sparse models sharded too; real ranks run the command line and serve.
     "week3-day5": ("week3-day4", "week2-day3", "week2-day5", "week3-day3"),
+    # Attention straight over pages (C++): inside the paged cache, the batch engine on pages.
+    "week3-day6": ("week3-day2",),
 }
 DAYS = tuple(DEPENDS)
 
@@ -54,6 +58,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_fuzz.py": (),
     "tests/test_layout.py": (),
     "tests/test_cache_errors.py": (),
+    # The kernels' argument checks, their MLX-op fallback and an install without a compiler.
+    "tests/test_kernels.py": ("week1-day6",),
     "tests/test_constrain_generate.py": ("week2-day5",),
     "tests/test_batch.py": ("week2-day5",),
     "tests/test_beam_search.py": ("week2-day2",),
@@ -69,9 +75,21 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_serve_browser.py": ("week2-day5",),
 }
 
-BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<day>\S+)\s*$")
-END = re.compile(r"^\s*# END SOLUTION\s*$")
 MARKER_WORD = "SOLUTION"  # a line that holds it must be one of the two markers
+# Source files with exercise regions, by suffix -> their comment mark. A C++ region becomes a
+# `throw NotImplemented(...)`, which Python sees as the same NotImplementedError.
+COMMENT = {".py": "#", ".cpp": "//", ".h": "//"}
+
+
+def _markers(path: Path) -> tuple[re.Pattern, re.Pattern, str]:
+    mark = re.escape(COMMENT.get(Path(path).suffix, "#"))
+    return (re.compile(rf"^(?P<indent>\s*){mark} BEGIN SOLUTION (?P<day>\S+)\s*$"),
+            re.compile(rf"^\s*{mark} END SOLUTION\s*$"), COMMENT.get(Path(path).suffix, "#"))
+
+
+def has_regions(path: str) -> bool:
+    """True for the package's source files that may hold exercise regions."""
+    return path.startswith("src/") and Path(path).suffix in COMMENT
 
 
 def test_file(day: str) -> str:
@@ -121,6 +139,7 @@ class Region:
 
 def find_regions(path: Path, lines: list[str]) -> list[Region]:
     """The solution regions of one file; MarkerError names the file and line of any fault."""
+    BEGIN, END, mark = _markers(path)
     regions, open_at = [], None
     for i, line in enumerate(lines):
         if m := BEGIN.match(line):
@@ -133,12 +152,13 @@ def find_regions(path: Path, lines: list[str]) -> list[Region]:
             if open_at is None:
                 raise MarkerError(f"{path}:{i + 1}: END SOLUTION without a BEGIN SOLUTION")
             begin, day, indent = open_at
-            regions.append(Region(day, begin, i, indent, _enclosing(lines, begin, indent)))
+            name = _enclosing_cpp(lines, begin, indent) if mark == "//" else _enclosing(lines, begin, indent)
+            regions.append(Region(day, begin, i, indent, name))
             open_at = None
         elif MARKER_WORD in line:
             # A mistyped marker would ship its solution to students: refuse it.
             raise MarkerError(f"{path}:{i + 1}: {line.strip()!r} is not a solution marker "
-                              f"(write '# BEGIN SOLUTION weekW-dayD' or '# END SOLUTION')")
+                              f"(write '{mark} BEGIN SOLUTION weekW-dayD' or '{mark} END SOLUTION')")
     if open_at is not None:
         raise MarkerError(f"{path}:{open_at[0] + 1}: BEGIN SOLUTION is never closed")
     return regions
@@ -158,15 +178,28 @@ def _enclosing(lines: list[str], at: int, indent: str) -> str:
     return ".".join(reversed(names)) or "this code"
 
 
+def _enclosing_cpp(lines: list[str], at: int, indent: str) -> str:
+    """The C++ function whose body holds line `at`: the name before the first `(` of the
+    nearest line above that starts less indented than the region and opens a parameter list."""
+    for line in reversed(lines[:at]):
+        stripped = line.lstrip()
+        if len(line) - len(stripped) < len(indent) and (m := re.match(r"[\w:<>,*&\s]*?\b(\w+)\s*\(", stripped)):
+            if m[1] not in ("if", "for", "while", "switch", "return"):
+                return m[1]
+    return "this code"
+
+
 def strip_source(path: Path, text: str, days: set[str]) -> str:
-    """`text` with each region of `days` replaced by `raise NotImplementedError(...)`."""
+    """`text` with each region of `days` replaced by `raise NotImplementedError(...)` (in C++,
+    `throw NotImplemented(...)`)."""
     lines = text.splitlines(keepends=True)
     out, last = [], 0
     for r in find_regions(path, lines):
         if r.day not in days:
             continue
         out.extend(lines[last : r.begin])
-        out.append(f'{r.indent}raise NotImplementedError("{r.day}: implement {r.name}")\n')
+        stub = "throw NotImplemented" if COMMENT.get(Path(path).suffix) == "//" else "raise NotImplementedError"
+        out.append(f'{r.indent}{stub}("{r.day}: implement {r.name}"){";" if stub.startswith("throw") else ""}\n')
         last = r.end + 1
     out.extend(lines[last:])
     return "".join(out)

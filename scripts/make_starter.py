@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from course import DAYS, ROOT, MarkerError, find_regions, strip_source  # noqa: E402
+from course import DAYS, ROOT, MarkerError, find_regions, has_regions, strip_source  # noqa: E402
 
 # Files and folders a starter is made of.
 SHIPPED = ("pyproject.toml", "Makefile", ".gitignore", "README.md", "src/tiny_llm", "tests", "book",
@@ -106,7 +106,7 @@ def make_starter(dest: Path, days: set[str], root: Path = ROOT, quiet: bool = Fa
     texts: dict[str, str] = {}
     replaced = 0
     for f in files:
-        if f.startswith("src/") and f.endswith(".py"):
+        if has_regions(f):
             text = (root / f).read_text()
             replaced += sum(r.day in days for r in find_regions(Path(f), text.splitlines(keepends=True)))
             texts[f] = strip_source(Path(f), text, days)

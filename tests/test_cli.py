@@ -477,15 +477,18 @@ def test_a_long_prefill_shows_progress_and_stops_on_ctrl_c():
     prompt = "Summarise: " + "The sky is blue because of Rayleigh scattering. " * 70
     # A shell that starts jobs in the background ignores SIGINT for them, and Python keeps a
     # signal it finds ignored: the command starts with SIGINT at its default, as in a terminal.
+    # On MLX's ops (--no-kernels) the prefill lasts over a minute here; on our kernels it may
+    # end before the first progress line is due on a fast machine.
     proc = subprocess.Popen([sys.executable, "-m", "tiny_llm", "generate", "--prompt", prompt, "--max-tokens", "2",
-                             "--verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--verbose", "--no-kernels"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline, line = time.monotonic() + 120, ""
         while not line.startswith("prefill: ") and time.monotonic() < deadline:
             if select.select([proc.stderr], [], [], 1.0)[0]:
                 line = proc.stderr.readline()
-        assert re.fullmatch(r"prefill: (16|32|48|64)/7\d\d tokens, [\d.]+ tokens/s\n", line), line
+        m = re.fullmatch(r"prefill: (\d+)/(7\d\d) tokens, [\d.]+ tokens/s\n", line)
+        assert m and int(m[1]) % 16 == 0 and int(m[1]) < int(m[2]), line  # whole chunks, not all of them
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
         assert "Traceback" not in proc.stderr.read()

@@ -40,6 +40,38 @@ def test_strip_replaces_only_the_chosen_days_with_their_indentation():
     compile(out, "m.py", "exec")
 
 
+CPP_SOURCE = """\
+template <typename T>
+void attend(const Query<T>& a,
+            int n) {
+  // BEGIN SOLUTION week3-day6
+  for (int i = 0; i < n; ++i) a.out[i] = 0;
+  // END SOLUTION
+}
+
+float twice(float x) {
+  // BEGIN SOLUTION week2-day6
+  return x + x;
+  // END SOLUTION
+}
+"""
+
+
+def test_cpp_regions_become_a_throw_naming_the_day_and_function():
+    """A C++ region becomes `throw NotImplemented(...)` (Python sees NotImplementedError);
+    each language's markers are its own comments."""
+    out = strip_source(Path("k.cpp"), CPP_SOURCE, {"week3-day6", "week2-day6"})
+    assert '  throw NotImplemented("week3-day6: implement attend");\n' in out
+    assert '  throw NotImplemented("week2-day6: implement twice");\n' in out
+    assert "a.out[i] = 0" not in out and "return x + x" not in out
+    assert strip_source(Path("k.cpp"), CPP_SOURCE, {"week1-day1"}) == CPP_SOURCE
+    with pytest.raises(MarkerError, match=r"k.cpp:1: '// BEGIN SOLUTION: week2-day6' is not a solution marker "
+                                          r"\(write '// BEGIN SOLUTION weekW-dayD' or '// END SOLUTION'\)"):
+        find_regions(Path("k.cpp"), ["// BEGIN SOLUTION: week2-day6\n"])
+    with pytest.raises(MarkerError, match=r"m.py:1: .* \(write '# BEGIN SOLUTION weekW-dayD'"):
+        find_regions(Path("m.py"), ["// BEGIN SOLUTION week2-day6\n"])  # a C++ marker in Python
+
+
 @pytest.mark.parametrize("text, match", [
     ("# BEGIN SOLUTION week1-day1\nx = 1\n", r"m.py:1: BEGIN SOLUTION is never closed"),
     ("x = 1\n# END SOLUTION\n", r"m.py:2: END SOLUTION without a BEGIN SOLUTION"),

@@ -139,8 +139,9 @@ def test_python_dash_m_tiny_llm_cli_runs_the_command_line():
 
 
 def test_the_package_imports_one_day_at_a_time():
-    """Week 1's modules load without any week 2 module, and `tiny_llm.generate` stays the
-    function after its submodule is imported."""
+    """Week 1's modules load without any week 2 module (the engine's `kernels` and `files`
+    are not course days), and `tiny_llm.generate` stays the function after its submodule is
+    imported."""
     code = (
         "import sys, tiny_llm.basics, tiny_llm.attention, tiny_llm.qwen2, tiny_llm.loader\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('tiny_llm.'))\n"
@@ -148,8 +149,8 @@ def test_the_package_imports_one_day_at_a_time():
         "print(loaded, callable(tiny_llm.generate), tiny_llm.generate.__module__)\n"
     )
     assert fresh_python(code) == [
-        "['tiny_llm.attention',", "'tiny_llm.basics',", "'tiny_llm.embedding',", "'tiny_llm.layer_norm',",
-        "'tiny_llm.loader',", "'tiny_llm.positional_encoding',", "'tiny_llm.progress',", "'tiny_llm.quantize',",
+        "['tiny_llm.attention',", "'tiny_llm.basics',", "'tiny_llm.embedding',", "'tiny_llm.files',",
+        "'tiny_llm.kernels',", "'tiny_llm.layer_norm',", "'tiny_llm.loader',", "'tiny_llm.positional_encoding',", "'tiny_llm.progress',", "'tiny_llm.quantize',",
         "'tiny_llm.qwen2',", "'tiny_llm.tokenizer']", "True", "tiny_llm.generate",
     ]
 

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from .defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_QUEUE, MAX_TOKENS, NUM_DRAFT_TOKENS, PAGE_SIZE,
                        PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE)
-from . import distributed
+from . import distributed, kernels
 from .progress import missing_day
 
 
@@ -76,6 +76,9 @@ def _add_model_options(parser: argparse.ArgumentParser, generation: bool = True)
                              "(llama, qwen2) or a HF repo id")
     parser.add_argument("--no-fused", action="store_true",
                         help="run the hand-written RMSNorm, RoPE and attention instead of mx.fast kernels")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="run matrix products and paged attention on MLX ops instead of tiny-llm's own CPU "
+                             "kernels (also TINY_LLM_KERNELS=0)")
     if generation:
         _add_prefill_option(parser)
         parser.add_argument("--no-kv-cache", action="store_true",
@@ -292,10 +295,26 @@ def _load(args: argparse.Namespace, name: str | None = None):
         _note_once("week2-day3 is not implemented yet: the hand-written RMSNorm, RoPE and attention run "
                    "instead (as with --no-fused)")
         fused = False
+    _use_kernels(args)
     try:
         return load(name or args.model, fused=fused, group=distributed.group())
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from None
+
+
+def _use_kernels(args: argparse.Namespace) -> None:
+    """Our own kernels unless --no-kernels; --verbose says whether they run; a starter whose
+    kernel days are not done yet runs those products on MLX ops, with a note."""
+    if args.no_kernels:
+        kernels.enable(False)
+    if getattr(args, "verbose", False):
+        _note_once(kernels.status())
+    ext = kernels.extension() if not args.no_kernels else None
+    if ext is not None and mx.default_device() == mx.cpu:
+        paged = getattr(args, "command", None) in ("batch", "chat", "serve")  # the commands on pages
+        for day, what in (("week2-day6", "the matrix products"), ("week3-day6", "attention over pages")):
+            if (day == "week2-day6" or paged) and not kernels.active(day):
+                _note_once(f"{day} is not implemented yet: {what} run on MLX ops (as with --no-kernels)")
 
 
 def _kv_cache(args: argparse.Namespace) -> bool:

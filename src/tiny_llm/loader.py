@@ -4,8 +4,6 @@ GGUF files are converted once into a cache directory in mlx-lm's format, so that
 `tiny_llm.load` and `mlx_lm.load` read the very same files.
 """
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .files import cache_root, locked
 from .progress import implemented
 from .quantize import QuantizedWeight, Weight
 from .qwen2 import ModelArgs, Qwen2Model
@@ -248,14 +247,6 @@ def default_gguf_path() -> Path:
     raise FileNotFoundError(f"{DEFAULT_MODEL_PACKAGE} is installed but has no {DEFAULT_MODEL_FILE}")
 
 
-def cache_root() -> Path:
-    """Where converted models live: `$TINY_LLM_CACHE`, else `$XDG_CACHE_HOME/tiny-llm`."""
-    if "TINY_LLM_CACHE" in os.environ:
-        return Path(os.environ["TINY_LLM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "tiny-llm"
-
-
 def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
     """Convert a Llama or Qwen2 GGUF file into an mlx-lm directory (once; then cached).
 
@@ -273,23 +264,11 @@ def convert_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = No
         return out_dir
     # Processes that load the same file at once (test workers, ranks) convert it once: the
     # others wait here and then read the finished directory.
-    with _locked(out_dir.parent / (out_dir.name + ".lock")):
+    with locked(out_dir.parent / (out_dir.name + ".lock")):
         if _stamp_version(stamp) == CONVERTER_VERSION:
             return out_dir
         _convert(gguf, out_dir)
     return out_dir
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Hold an exclusive lock on `path` (created if missing) for the `with` block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:

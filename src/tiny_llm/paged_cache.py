@@ -6,7 +6,8 @@ of every sequence live in one `PagePool` of pages of `page_size` positions; a se
 Pages carry reference counts: sequences that start alike (`n` choices of one prompt, beams,
 a prefix cache) share pages, and a shared page is copied before it is written
 (copy-on-write). `PagedKVCache` is one layer's view of a batch of block tables, with the
-cache contract the model uses: attention gathers each row's pages into a dense `[B, H, S, D]`.
+cache contract the model uses: attention gathers each row's pages into a dense `[B, H, S, D]`, or
+(week 3 day 6) `attend` reads them in place with our kernel.
 
     pool = PagePool(page_size=16)
     table = BlockTable(pool)
@@ -17,6 +18,7 @@ cache contract the model uses: attention gathers each row's pages into a dense `
 
 import mlx.core as mx
 
+from . import kernels
 from .defaults import PAGE_SIZE
 from .progress import implemented
 
@@ -210,10 +212,9 @@ class PagedKVCache:
         return mx.where(key <= query, 0.0, -mx.inf).astype(dtype)[:, None]  # B, 1, L, S
         # END SOLUTION
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write `keys/values [B, H, L, D]` after each row's positions; return every row's
-        keys and values `[B, H, S, D]`, gathered from its pages (`S`: the longest row; the
-        slots past a shorter row's end hold another position's data, hidden by the mask)."""
+    def store(self, keys: mx.array, values: mx.array) -> None:
+        """Write `keys/values [B, H, L, D]` after each row's positions, in its pages (reserved
+        first: a shared page is copied before it is written)."""
         # BEGIN SOLUTION week3-day2
         B, H, L, D = keys.shape
         slots = []
@@ -225,7 +226,15 @@ class PagedKVCache:
         new_k = keys.transpose(0, 2, 1, 3).reshape(B * L, H, D)  # B*L, H, D
         new_v = values.transpose(0, 2, 1, 3).reshape(B * L, H, values.shape[-1])
         self.pool.write(self.layer, mx.array(slots, dtype=mx.int32), new_k, new_v)
-        P, S = self.pool.page_size, self.offset
+        # END SOLUTION
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """`store` the new keys and values; return every row's keys and values `[B, H, S, D]`,
+        gathered from its pages (`S`: the longest row; the slots past a shorter row's end hold
+        another position's data, hidden by the mask)."""
+        # BEGIN SOLUTION week3-day2
+        self.store(keys, values)
+        B, P, S = len(self.tables), self.pool.page_size, self.offset
         n = -(-S // P)  # pages of the longest row
         pages = mx.array([t.pages[:n] + [0] * (n - len(t.pages[:n])) for t in self.tables], dtype=mx.int32)
         index = (pages[:, :, None] * P + mx.arange(P)).reshape(B, n * P)[:, :S]  # B, S: slots
@@ -233,6 +242,20 @@ class PagedKVCache:
         v = self.pool.values[self.layer][index].transpose(0, 2, 1, 3)
         return k, v
         # END SOLUTION
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array | None:
+        """`store` the new keys and values `[B, Hkv, L, D]`, then attention of `q [B, Hq, L, D]`
+        over each row's positions read in place from the pages by our kernel (week 3 day 6):
+        no `[B, H, S, D]` copy. None where the kernel does not run (another device, kernels
+        off, the day not done): the caller then uses `update_and_fetch`."""
+        if not kernels.active("week3-day6"):
+            return None
+        starts = mx.array(self.lengths, dtype=mx.int32)  # each row's first new position
+        self.store(k, v)
+        n = max(len(t.pages) for t in self.tables)
+        pages = mx.array([t.pages + [0] * (n - len(t.pages)) for t in self.tables], dtype=mx.int32)  # B, n
+        return kernels.extension().paged_attention(q, self.pool.keys[self.layer], self.pool.values[self.layer],
+                                                   pages, starts, self.pool.page_size, scale)
 
     def trim(self, n: int) -> int:
         """Forget each row's last `n` positions (at most what the shortest row holds);

@@ -10,6 +10,7 @@ from typing import TypeAlias
 
 import mlx.core as mx
 
+from . import kernels
 from .basics import linear
 
 SUPPORTED_BITS = (2, 4, 8)
@@ -64,14 +65,26 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, group_size: int,
 
 
 def quantized_linear(x: mx.array, qw: QuantizedWeight, bias: mx.array | None = None) -> mx.array:
-    """`x @ W.T (+ bias)` without unpacking W: `x [..., I]` -> `[..., O]`."""
+    """`x @ W.T (+ bias)` without unpacking W: `x [..., I]` -> `[..., O]`. On the CPU, once
+    week 2 day 6 is done, through our own kernel; else `mx.quantized_matmul`."""
+    if _kernel_fits(x, qw.weight) and qw.bits in kernels.BITS and qw.group_size in kernels.GROUP_SIZES:
+        return kernels.extension().quantized_matmul(x, qw.weight, qw.scales, qw.biases, bias, qw.group_size, qw.bits)
     y = mx.quantized_matmul(x, qw.weight, qw.scales, qw.biases, transpose=True,
                             group_size=qw.group_size, bits=qw.bits)
     return y if bias is None else y + bias
 
 
 def project(x: mx.array, w: Weight, bias: mx.array | None = None) -> mx.array:
-    """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized."""
+    """`linear(x, w, bias)`, or its quantized form when `w` is kept quantized. On the CPU,
+    once week 2 day 6 is done, both run on our own kernels."""
     if isinstance(w, QuantizedWeight):
         return quantized_linear(x, w, bias)
+    if _kernel_fits(x, w) and w.dtype in kernels.FLOATS:
+        return kernels.extension().matmul(x, w, bias)
     return linear(x, w, bias)
+
+
+def _kernel_fits(x: mx.array, w: mx.array) -> bool:
+    """The engine's kernels take this product: a 2-D weight (stacked experts go to MLX's
+    gather ops), float activations, the kernels on and their day done."""
+    return w.ndim == 2 and x.dtype in kernels.FLOATS and kernels.active("week2-day6")

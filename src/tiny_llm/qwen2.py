@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import mlx.core as mx
 
@@ -193,6 +193,15 @@ def _require(weights: Mapping[str, Weight], name: str) -> Weight:
     return weights[name]
 
 
+@runtime_checkable
+class AttendingCache(Protocol):
+    """A cache that can compute attention itself: `attend(q [B, Hq, L, D], k, v [B, Hkv, L, D],
+    scale)` stores the new keys and values and returns `[B, Hq, L, D]`, or None when it
+    cannot now (then `update_and_fetch` and the layer's attention run instead)."""
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array | None: ...
+
+
 def _norm_class(fused: bool) -> type:
     """RMSNorm, or its `mx.fast` kernel (week 2 day 3)."""
     if fused:
@@ -258,9 +267,12 @@ class Qwen2MultiHeadAttention:
         q = self.rope(q, offset=offset).transpose(0, 2, 1, 3)  # B, Hq, L, Dh
         k = self.rope(k, offset=offset).transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
         v = v.transpose(0, 2, 1, 3)  # B, Hkv, L, Dh
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)  # B, Hkv, S, Dh
-        o = self.attention(q, k, v, scale=self.scale, mask=mask)
+        # A paged cache may attend itself, reading keys and values in place (week 3 day 6).
+        o = cache.attend(q, k, v, self.scale) if isinstance(cache, AttendingCache) else None
+        if o is None:
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)  # B, Hkv, S, Dh
+            o = self.attention(q, k, v, scale=self.scale, mask=mask)
         o = o.transpose(0, 2, 1, 3).reshape(B, L, Hq * Dh)  # B, L, Hq * Dh
         return project(o, self.wo, self.bo)
         # END SOLUTION

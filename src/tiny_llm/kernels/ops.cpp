@@ -1,0 +1,400 @@
+// Engine — the kernels as MLX primitives (`eval_cpu` only) and their Python module
+// `tiny_llm.kernels._ext`: activations, scales and pool entries of float32, float16 or
+// bfloat16 are turned into float rows here, the course days' functions do the arithmetic,
+// and the work is cut into pieces for the thread pool.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "kernels.h"
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+#include "mlx/version.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+using namespace nb::literals;
+
+namespace tiny_llm {
+namespace {
+
+// ---- rows of any float dtype as float ------------------------------------------------------
+
+void load_row(const void* base, mx::Dtype dt, long offset, int n, float* dst) {
+  switch (dt) {
+    case mx::float32:
+      std::memcpy(dst, static_cast<const float*>(base) + offset, sizeof(float) * n);
+      break;
+    case mx::float16: {
+      const float16_t* s = static_cast<const float16_t*>(base) + offset;
+      for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      break;
+    }
+    default: {  // bfloat16 (checked when the op is built)
+      const bfloat16_t* s = static_cast<const bfloat16_t*>(base) + offset;
+      for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+    }
+  }
+}
+
+void store_row(const float* src, mx::Dtype dt, void* base, long offset, int n) {
+  switch (dt) {
+    case mx::float32:
+      std::memcpy(static_cast<float*>(base) + offset, src, sizeof(float) * n);
+      break;
+    case mx::float16: {
+      float16_t* d = static_cast<float16_t*>(base) + offset;
+      for (int i = 0; i < n; ++i) d[i] = static_cast<float16_t>(src[i]);
+      break;
+    }
+    default: {
+      bfloat16_t* d = static_cast<bfloat16_t*>(base) + offset;
+      for (int i = 0; i < n; ++i) d[i] = static_cast<bfloat16_t>(src[i]);
+    }
+  }
+}
+
+bool is_float(mx::Dtype dt) { return dt == mx::float32 || dt == mx::float16 || dt == mx::bfloat16; }
+
+// ---- matrix products -----------------------------------------------------------------------
+
+// A product `out [M, N] = x [M, K] @ W.T (+ bias)` whatever W's storage: `fill` writes rows
+// n0 .. n0 + rows - 1 of W as float into `tile` (or returns a pointer to them as they are).
+struct Product {
+  const void* x;
+  mx::Dtype xt;
+  const void* bias;  // nullptr: none
+  mx::Dtype bt;
+  void* out;
+  int M, N, K;
+};
+
+// Rows of W per piece of work: few for prefill (a tile of them stays in cache while every row
+// of x passes), more for decode (each piece must be worth waking a thread for).
+constexpr int DECODE_ROWS = 4;  // below this many rows of x, the decode path
+constexpr int TILE_ROWS = 16, DECODE_TILE_ROWS = 64;
+
+template <typename Fill>
+void run_tiled(const Product& p, const std::vector<float>& x, Fill fill) {
+  const int NB = p.M < DECODE_ROWS ? DECODE_TILE_ROWS : TILE_ROWS;
+  const int pieces = (p.N + NB - 1) / NB;
+  parallel_for(pieces, [&](int t) {
+    thread_local std::vector<float> tile, o, b;
+    const int n0 = t * NB, rows = std::min(NB, p.N - n0);
+    tile.resize(static_cast<size_t>(NB) * p.K);
+    o.resize(static_cast<size_t>(p.M) * NB);
+    const float* w = fill(n0, rows, tile.data());
+    matmul_tile(x.data(), p.M, w, rows, p.K, o.data(), NB);
+    if (p.bias) {
+      b.resize(NB);
+      load_row(p.bias, p.bt, n0, rows, b.data());
+      for (int m = 0; m < p.M; ++m)
+        for (int r = 0; r < rows; ++r) o[m * NB + r] += b[r];
+    }
+    for (int m = 0; m < p.M; ++m) store_row(o.data() + m * NB, p.xt, p.out, static_cast<long>(m) * p.N + n0, rows);
+  });
+}
+
+std::vector<float> rows_as_float(const Product& p) {
+  std::vector<float> x(static_cast<size_t>(p.M) * p.K);
+  load_row(p.x, p.xt, 0, p.M * p.K, x.data());
+  return x;
+}
+
+struct Quantized {
+  const uint32_t* w;
+  const void *scales, *biases;
+  mx::Dtype st;
+  int group_size, bits;
+};
+
+void run_quantized(const Product& p, const Quantized& q) {
+  const std::vector<float> x = rows_as_float(p);
+  const int G = p.K / q.group_size, words = p.K * q.bits / 32;
+  if (p.M >= DECODE_ROWS) {  // prefill: unpack a tile of W once, use it for every row of x
+    run_tiled(p, x, [&](int n0, int rows, float* tile) {
+      thread_local std::vector<float> s, b;
+      s.resize(static_cast<size_t>(rows) * G), b.resize(static_cast<size_t>(rows) * G);
+      load_row(q.scales, q.st, static_cast<long>(n0) * G, rows * G, s.data());
+      load_row(q.biases, q.st, static_cast<long>(n0) * G, rows * G, b.data());
+      dequantize_rows(q.w + static_cast<long>(n0) * words, s.data(), b.data(), rows, p.K, q.group_size, q.bits, tile);
+      return static_cast<const float*>(tile);
+    });
+    return;
+  }
+  // decode: unpack in registers only
+  const int NB = DECODE_TILE_ROWS, pieces = (p.N + NB - 1) / NB;
+  parallel_for(pieces, [&](int t) {
+    thread_local std::vector<float> s, b, o, bias;
+    const int n0 = t * NB, rows = std::min(NB, p.N - n0);
+    s.resize(static_cast<size_t>(rows) * G), b.resize(static_cast<size_t>(rows) * G), o.resize(NB), bias.assign(NB, 0.0f);
+    load_row(q.scales, q.st, static_cast<long>(n0) * G, rows * G, s.data());
+    load_row(q.biases, q.st, static_cast<long>(n0) * G, rows * G, b.data());
+    if (p.bias) load_row(p.bias, p.bt, n0, rows, bias.data());
+    for (int m = 0; m < p.M; ++m) {
+      qmv_rows(x.data() + static_cast<size_t>(m) * p.K, q.w + static_cast<long>(n0) * words, s.data(), b.data(), rows,
+               p.K, q.group_size, q.bits, o.data());
+      for (int r = 0; r < rows; ++r) o[r] += bias[r];
+      store_row(o.data(), p.xt, p.out, static_cast<long>(m) * p.N + n0, rows);
+    }
+  });
+}
+
+void run_float(const Product& p, const void* w, mx::Dtype wt) {
+  const std::vector<float> x = rows_as_float(p);
+  run_tiled(p, x, [&](int n0, int rows, float* tile) {
+    if (wt == mx::float32) return static_cast<const float*>(w) + static_cast<long>(n0) * p.K;
+    load_row(w, wt, static_cast<long>(n0) * p.K, rows * p.K, tile);
+    return static_cast<const float*>(tile);
+  });
+}
+
+// ---- the primitives ------------------------------------------------------------------------
+
+class CpuPrimitive : public mx::Primitive {
+ public:
+  using mx::Primitive::Primitive;
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only; tiny_llm.kernels uses MLX's op on a GPU");
+  }
+
+ protected:
+  // The output's memory, and the encoder the work is queued on (after the inputs' work).
+  mx::cpu::CommandEncoder& prepare(const std::vector<mx::array>& inputs, mx::array& out) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    return enc;
+  }
+};
+
+class QuantizedMatmul : public CpuPrimitive {
+ public:
+  QuantizedMatmul(mx::Stream s, int group_size, int bits) : CpuPrimitive(s), group_size_(group_size), bits_(bits) {}
+  const char* name() const override { return "TinyLLMQuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedMatmul&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    auto& enc = prepare(inputs, out);
+    const auto &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
+    const bool has_bias = inputs.size() > 4;
+    const int K = x.shape(-1);
+    Product p{x.data<void>(), x.dtype(), has_bias ? inputs[4].data<void>() : nullptr,
+              has_bias ? inputs[4].dtype() : x.dtype(), out.data<void>(), static_cast<int>(x.size() / K),
+              out.shape(-1), K};
+    Quantized q{w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), group_size_, bits_};
+    enc.dispatch([p, q] { run_quantized(p, q); });
+  }
+
+ private:
+  int group_size_, bits_;
+};
+
+class Matmul : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+  const char* name() const override { return "TinyLLMMatmul"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    auto& enc = prepare(inputs, out);
+    const auto &x = inputs[0], &w = inputs[1];
+    const bool has_bias = inputs.size() > 2;
+    const int K = x.shape(-1);
+    Product p{x.data<void>(), x.dtype(), has_bias ? inputs[2].data<void>() : nullptr,
+              has_bias ? inputs[2].dtype() : x.dtype(), out.data<void>(), static_cast<int>(x.size() / K),
+              out.shape(-1), K};
+    const void* wp = w.data<void>();
+    const mx::Dtype wt = w.dtype();
+    enc.dispatch([p, wp, wt] { run_float(p, wp, wt); });
+  }
+};
+
+struct Attention {
+  const void *q, *keys, *values;
+  mx::Dtype qt, kt;
+  const int32_t *pages, *starts;
+  void* out;
+  int B, Hq, Hkv, L, D, Dv, n_pages, page_size;
+  float scale;
+};
+
+template <typename T>
+void run_attention(const Attention& a) {
+  const int G = a.Hq / a.Hkv;
+  parallel_for(a.B * a.Hkv, [&](int t) {
+    const int b = t / a.Hkv, h = t % a.Hkv;
+    thread_local std::vector<float> q, o;
+    const long first = (static_cast<long>(b) * a.Hq + static_cast<long>(h) * G) * a.L;  // the group's first query row
+    q.resize(static_cast<size_t>(G) * a.L * a.D), o.resize(static_cast<size_t>(G) * a.L * a.Dv);
+    load_row(a.q, a.qt, first * a.D, G * a.L * a.D, q.data());
+    PagedQuery<T> pq{q.data(), G, a.L, a.D, a.Dv, a.starts[b], a.scale,
+                     static_cast<const T*>(a.keys) + static_cast<long>(h) * a.D,
+                     static_cast<const T*>(a.values) + static_cast<long>(h) * a.Dv,
+                     static_cast<long>(a.Hkv) * a.D, static_cast<long>(a.Hkv) * a.Dv,
+                     a.pages + static_cast<long>(b) * a.n_pages, a.page_size, o.data()};
+    attend_paged(pq);
+    store_row(o.data(), a.qt, a.out, first * a.Dv, G * a.L * a.Dv);
+  });
+}
+
+class PagedAttention : public CpuPrimitive {
+ public:
+  PagedAttention(mx::Stream s, int page_size, float scale) : CpuPrimitive(s), page_size_(page_size), scale_(scale) {}
+  const char* name() const override { return "TinyLLMPagedAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const PagedAttention&>(other);
+    return page_size_ == o.page_size_ && scale_ == o.scale_;
+  }
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    auto& enc = prepare(inputs, out);
+    const auto &q = inputs[0], &k = inputs[1], &v = inputs[2], &pages = inputs[3], &starts = inputs[4];
+    Attention a{q.data<void>(), k.data<void>(), v.data<void>(), q.dtype(), k.dtype(), pages.data<int32_t>(),
+                starts.data<int32_t>(), out.data<void>(), q.shape(0), q.shape(1), k.shape(1), q.shape(2),
+                q.shape(3), v.shape(2), pages.shape(1), page_size_, scale_};
+    enc.dispatch([a] {
+      switch (a.kt) {
+        case mx::float32: run_attention<float>(a); break;
+        case mx::float16: run_attention<float16_t>(a); break;
+        default: run_attention<bfloat16_t>(a);
+      }
+    });
+  }
+
+ private:
+  int page_size_;
+  float scale_;
+};
+
+// ---- building the ops ----------------------------------------------------------------------
+
+mx::Stream cpu_stream(mx::StreamOrDevice s) {
+  mx::Stream stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu)
+    throw std::invalid_argument("tiny_llm kernels run on a CPU stream; use MLX's op on a GPU");
+  return stream;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                           std::optional<mx::array> bias, int group_size, int bits, mx::StreamOrDevice s) {
+  const mx::Stream stream = cpu_stream(s);
+  check(x.ndim() >= 1 && is_float(x.dtype()), "x must be a float32, float16 or bfloat16 array");
+  check(w.ndim() == 2 && w.dtype() == mx::uint32, "w must be a uint32 array [N, K * bits / 32]");
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(group_size == 32 || group_size == 64 || group_size == 128, "group_size must be 32, 64 or 128");
+  const int K = x.shape(-1), N = w.shape(0);
+  check(K % group_size == 0 && w.shape(1) == K * bits / 32, "w does not match x's last axis");
+  check(scales.shape() == mx::Shape{N, K / group_size} && biases.shape() == scales.shape() &&
+            is_float(scales.dtype()) && biases.dtype() == scales.dtype(),
+        "scales and biases must be float arrays [N, K / group_size] of one dtype");
+  std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(w, false, stream),
+                                mx::contiguous(scales, false, stream), mx::contiguous(biases, false, stream)};
+  if (bias) {
+    check(bias->shape() == mx::Shape{N} && is_float(bias->dtype()), "bias must be a float array [N]");
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  mx::Shape shape = x.shape();
+  shape.back() = N;
+  return mx::array(shape, x.dtype(), std::make_shared<QuantizedMatmul>(stream, group_size, bits), inputs);
+}
+
+mx::array matmul(const mx::array& x, const mx::array& w, std::optional<mx::array> bias, mx::StreamOrDevice s) {
+  const mx::Stream stream = cpu_stream(s);
+  check(x.ndim() >= 1 && is_float(x.dtype()), "x must be a float32, float16 or bfloat16 array");
+  check(w.ndim() == 2 && is_float(w.dtype()) && w.shape(1) == x.shape(-1), "w must be a float array [N, K]");
+  std::vector<mx::array> inputs{mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)};
+  if (bias) {
+    check(bias->shape() == mx::Shape{w.shape(0)} && is_float(bias->dtype()), "bias must be a float array [N]");
+    inputs.push_back(mx::contiguous(*bias, false, stream));
+  }
+  mx::Shape shape = x.shape();
+  shape.back() = w.shape(0);
+  return mx::array(shape, x.dtype(), std::make_shared<Matmul>(stream), inputs);
+}
+
+mx::array paged_attention(const mx::array& q, const mx::array& keys, const mx::array& values, const mx::array& pages,
+                          const mx::array& starts, int page_size, float scale, mx::StreamOrDevice s) {
+  const mx::Stream stream = cpu_stream(s);
+  check(q.ndim() == 4 && is_float(q.dtype()), "q must be a float array [B, Hq, L, D]");
+  check(keys.ndim() == 3 && values.ndim() == 3 && is_float(keys.dtype()) && values.dtype() == keys.dtype() &&
+            keys.shape(0) == values.shape(0) && keys.shape(1) == values.shape(1) && keys.shape(2) == q.shape(3),
+        "keys and values must be float arrays [slots, Hkv, D] of one dtype");
+  check(q.shape(1) % keys.shape(1) == 0, "the query heads must be a multiple of the key/value heads");
+  check(pages.ndim() == 2 && pages.dtype() == mx::int32 && pages.shape(0) == q.shape(0), "pages must be int32 [B, n]");
+  check(starts.ndim() == 1 && starts.dtype() == mx::int32 && starts.shape(0) == q.shape(0), "starts must be int32 [B]");
+  check(page_size >= 1, "page_size must be at least 1");
+  std::vector<mx::array> inputs{mx::contiguous(q, false, stream), mx::contiguous(keys, false, stream),
+                                mx::contiguous(values, false, stream), mx::contiguous(pages, false, stream),
+                                mx::contiguous(starts, false, stream)};
+  mx::Shape shape = q.shape();
+  shape.back() = values.shape(2);
+  return mx::array(shape, q.dtype(), std::make_shared<PagedAttention>(stream, page_size, scale), inputs);
+}
+
+// Runs a day's functions on a few numbers, at once and on this thread, so that a day not
+// written yet is found before any graph is built (its error would otherwise surface on
+// MLX's stream thread).
+void probe(const std::string& day) {
+  if (day == "week2-day6") {
+    std::vector<uint32_t> w(4, 0x76543210u);  // 1 row of 32 4-bit values
+    std::vector<float> s{1.0f}, b{0.0f}, x(32, 1.0f), out(32), y(1);
+    dequantize_rows(w.data(), s.data(), b.data(), 1, 32, 32, 4, out.data());
+    qmv_rows(x.data(), w.data(), s.data(), b.data(), 1, 32, 32, 4, y.data());
+    matmul_tile(x.data(), 1, out.data(), 1, 32, y.data(), 1);
+  } else if (day == "week3-day6") {
+    std::vector<float> q(4, 1.0f), kv(4, 1.0f), out(4);
+    std::vector<int32_t> pages{0};
+    PagedQuery<float> a{q.data(), 1, 1, 4, 4, 0, 1.0f, kv.data(), kv.data(), 4, 4, pages.data(), 1, out.data()};
+    attend_paged(a);
+  } else {
+    throw std::invalid_argument("no kernel belongs to " + day);
+  }
+}
+
+
+}  // namespace
+}  // namespace tiny_llm
+
+NB_MODULE(_ext, m) {
+  using namespace tiny_llm;
+  nb::module_::import_("mlx.core");  // the array type's bindings, and libmlx loaded first
+  m.doc() = "tiny-llm's CPU kernels as MLX primitives (use tiny_llm.kernels, which checks arguments)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const NotImplemented& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    }
+  });
+  m.def("quantized_matmul", &quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(),
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("matmul", &matmul, "x"_a, "w"_a, "bias"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none());
+  m.def("paged_attention", &paged_attention, "q"_a, "keys"_a, "values"_a, "pages"_a, "starts"_a, "page_size"_a,
+        "scale"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("probe", &probe, "day"_a);
+  m.def("num_threads", &num_threads);
+  m.def("set_num_threads", &set_num_threads, "n"_a);
+  m.attr("simd") = std::string(simd());
+  m.attr("mlx_version") = std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +
+                          std::to_string(MLX_VERSION_PATCH);  // the headers built against
+}
