@@ -5,11 +5,12 @@
 
 (`make bench-kernels` runs it with the defaults.) Rows:
 
-- 4-bit and 8-bit products (group 32, float16 activations, as in the default model) and the
-  float32 product, at the default model's shapes (576 -> 1536, 1536 -> 576, and the tied head
+- 4-bit and 8-bit products (group 32, float32 activations: MLX's faster case on the CPU) and
+  the float32 product, at the default model's shapes (576 -> 1536, 1536 -> 576, and the tied head
   576 -> 49,152) for each M: tiny-llm's kernel, MLX's op (`mx.quantized_matmul`, `mx.matmul`),
   and numpy's float32 matmul on the same shape (its bundled OpenBLAS: the roof a tuned kernel
-  reaches here). GFLOP/s = 2 M K N / time.
+  reaches here). GFLOP/s = 2 M K N / time. Then the default model's own case, float16
+  activations and scales ("4-bit f16"), at M <= 8.
 - Memory: the bytes a product must read (packed weights, scales, biases, activations) per
   second, against a copy of a 512 MB array (read + written bytes per second): at M = 1 a
   product is memory-bound, so that copy is its roof.
@@ -17,8 +18,9 @@
   decode of 1 row and 8 rows of 512 positions, and a 128-position prefill chunk after 384;
   tiny-llm's kernel reading the pages in place against MLX's gather + fused attention.
 
-Times are medians of --repeats runs after a warm-up, each `mx.eval` of one op (so MLX's
-per-op cost, ~0.05 ms here, is in every number, ours too); numpy's threads are its own.
+Times are medians of --repeats runs after a warm-up (fewer, at least one, where they would
+take over 10 s: MLX's op on the largest shapes), each `mx.eval` of one op (so MLX's per-op
+cost, ~0.05 ms here, is in every number, ours too); numpy's threads are its own.
 """
 
 import argparse
@@ -38,10 +40,14 @@ from tiny_llm import kernels  # noqa: E402
 SHAPES = [(576, 1536), (1536, 576), (576, 49152)]  # (K, N): an MLP projection, its way back, the tied head
 
 
-def median_ms(f, repeats: int) -> float:
+def median_ms(f, repeats: int, budget: float = 10.0) -> float:
+    """The median of `repeats` timed runs after a warm-up; fewer runs (at least one) when
+    they would take more than `budget` seconds (MLX's op on the largest shapes)."""
+    start = time.perf_counter()
     mx.eval(f())
+    first = time.perf_counter() - start
     times = []
-    for _ in range(repeats):
+    for _ in range(max(1, min(repeats, int(budget / max(first, 1e-9))))):
         start = time.perf_counter()
         mx.eval(f())
         times.append(time.perf_counter() - start)
@@ -61,7 +67,7 @@ def numpy_ms(a: np.ndarray, b: np.ndarray, repeats: int) -> float:
 def copy_gbs(repeats: int) -> float:
     """Read + written bytes per second of `a + 0` over 512 MB (MLX, one pass)."""
     a = mx.zeros((128 << 20,), dtype=mx.float32)
-    ms = median_ms(lambda: a + 0, max(3, repeats // 4))
+    ms = median_ms(lambda: a + 0, repeats)
     return 2 * a.nbytes / ms / 1e6
 
 
@@ -72,23 +78,35 @@ def products(ms_list: list[int], repeats: int, rows: list[dict]) -> None:
         w_np = np.array(w).T.copy()
         for bits in (4, 8):
             packed, scales, biases = mx.quantize(w, group_size=32, bits=bits)
-            scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
             weight_bytes = packed.nbytes + scales.nbytes + biases.nbytes
             for M in ms_list:
-                x = mx.random.normal((M, K), key=mx.random.key(M)).astype(mx.float16)
+                x = mx.random.normal((M, K), key=mx.random.key(M))
                 ours = median_ms(lambda: kernels.quantized_matmul(x, packed, scales, biases, 32, bits), repeats)
                 mlx = median_ms(lambda: mx.quantized_matmul(x, packed, scales, biases, transpose=True,
-                                                            group_size=32, bits=bits), max(3, repeats // 4))
-                roof = numpy_ms(np.array(x.astype(mx.float32)), w_np, repeats)
+                                                            group_size=32, bits=bits), repeats)
+                roof = numpy_ms(np.array(x), w_np, repeats)
                 rows.append(dict(op=f"{bits}-bit", M=M, K=K, N=N, ours_ms=ours, mlx_ms=mlx, numpy_ms=roof,
                                  bytes=weight_bytes + x.nbytes))
         for M in ms_list:
             x = mx.random.normal((M, K), key=mx.random.key(M))
             ours = median_ms(lambda: kernels.matmul(x, w), repeats)
-            mlx = median_ms(lambda: x @ w.T, max(3, repeats // 4))
+            mlx = median_ms(lambda: x @ w.T, repeats)
             roof = numpy_ms(np.array(x), w_np, repeats)
             rows.append(dict(op="float32", M=M, K=K, N=N, ours_ms=ours, mlx_ms=mlx, numpy_ms=roof,
                              bytes=w.nbytes + x.nbytes))
+    # The default model's own case: float16 activations and scales. MLX's CPU op is far slower
+    # in float16 than in float32, so only the small M are timed for it.
+    K, N = SHAPES[0]
+    packed, scales, biases = mx.quantize(mx.random.normal((N, K), key=key) * 0.02, group_size=32, bits=4)
+    scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    for M in [m for m in ms_list if m <= 8]:
+        x = mx.random.normal((M, K), key=mx.random.key(M)).astype(mx.float16)
+        ours = median_ms(lambda: kernels.quantized_matmul(x, packed, scales, biases, 32, 4), repeats)
+        mlx = median_ms(lambda: mx.quantized_matmul(x, packed, scales, biases, transpose=True, group_size=32, bits=4),
+                        repeats)
+        roof = numpy_ms(np.array(x.astype(mx.float32)), np.zeros((K, N), dtype=np.float32), repeats)
+        rows.append(dict(op="4-bit f16", M=M, K=K, N=N, ours_ms=ours, mlx_ms=mlx, numpy_ms=roof,
+                         bytes=packed.nbytes + scales.nbytes + biases.nbytes + x.nbytes))
 
 
 def attention(repeats: int, rows: list[dict]) -> None:

@@ -152,3 +152,45 @@ def test_batch_engine_on_the_kernel_writes_the_same_tokens(default_model_dir):
     finally:
         kernels.enable(before)
     assert ours == ref
+
+
+@pytest.mark.parametrize("B, L, start, Hq, Hkv, dtype", [(1, 1, 40, 9, 3, mx.float16), (2, 5, 0, 4, 2, mx.float32),
+                                                          (1, 9, 300, 2, 2, mx.bfloat16)])
+def test_attention_over_a_dense_cache_equals_the_reference(B, L, start, Hq, Hkv, dtype):
+    """A KVCache's buffers `[B, Hkv, S, D]` are one page of S positions per row and head:
+    the same kernel reads them in place (positions past `start + L` are never read)."""
+    S, D = 512, 32
+    keys = mx.random.normal((B, Hkv, S, D), key=mx.random.key(1)).astype(dtype)
+    values = mx.random.normal((B, Hkv, S, D), key=mx.random.key(2)).astype(dtype)
+    q = mx.random.normal((B, Hq, L, D), key=mx.random.key(3)).astype(dtype)
+    ours = kernels.extension().dense_attention(q, keys, values, start, 0.25)
+    # The same numbers as a pool: slot b * Hkv * S + h * S + s  <->  pool[slot // Hkv ...]: lay out directly.
+    pool_k = keys.transpose(0, 2, 1, 3).reshape(B * S, Hkv, D)  # row b's position s at slot b * S + s
+    pool_v = values.transpose(0, 2, 1, 3).reshape(B * S, Hkv, D)
+    pages = mx.array([[b * S + s for s in range(S)] for b in range(B)], dtype=mx.int32)  # pages of one position
+    ref = reference(q, pool_k, pool_v, pages, mx.array([start] * B, dtype=mx.int32), 1, 0.25)
+    assert np.abs(np.array(ours.astype(mx.float32)) - ref).max() <= 4 * EPS[dtype] + 1e-5
+
+
+def test_generation_on_a_dense_cache_attends_in_place():
+    """`KVCache.attend` (single-sequence generation): the same logits as the gathering path,
+    through prefill in two chunks and decode; a batch cache (left padding) never attends."""
+    from tiny_llm.kv_cache import BatchKVCache
+
+    kernels.extension().probe("week3-day6")
+    model = tiny_model("qwen2-untied")[0]
+    tokens = mx.array([[3, 17, 5, 9, 22, 4, 8, 11]])
+
+    answered = []
+
+    def run(in_place: bool):
+        cache = model.make_cache()
+        for c in cache:
+            real = c.attend
+            c.attend = (lambda *a, real=real: answered.append(real(*a)) or answered[-1]) if in_place else (lambda *a: None)
+        parts = [model(tokens[:, :5], cache=cache), model(tokens[:, 5:7], cache=cache), model(tokens[:, 7:], cache=cache)]
+        return np.array(mx.concatenate(parts, axis=1))
+
+    np.testing.assert_allclose(run(True), run(False), atol=1e-4, rtol=1e-4)
+    assert len(answered) == 3 * len(model.layers) and all(o is not None for o in answered)
+    assert BatchKVCache([0]).attend(None, None, None, 1.0) is None

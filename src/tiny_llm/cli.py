@@ -309,7 +309,7 @@ def _use_kernels(args: argparse.Namespace) -> None:
         kernels.enable(False)
     if getattr(args, "verbose", False):
         _note_once(kernels.status())
-    ext = kernels.extension() if not args.no_kernels else None
+    ext = kernels.extension() if kernels.enabled() else None
     if ext is not None and mx.default_device() == mx.cpu:
         paged = getattr(args, "command", None) in ("batch", "chat", "serve")  # the commands on pages
         for day, what in (("week2-day6", "the matrix products"), ("week3-day6", "attention over pages")):

@@ -10,6 +10,7 @@ holds a batch of left-padded sequences of different lengths, and lets rows leave
 
 import mlx.core as mx
 
+from . import kernels
 from .attention import causal_mask
 
 
@@ -52,6 +53,16 @@ class KVCache:
         return self.keys[:, :, :needed], self.values[:, :, :needed]
         # END SOLUTION
 
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array | None:
+        """Store `k/v [B, Hkv, L, D]`, then attention of `q [B, Hq, L, D]` over the buffers
+        read in place by our kernel (week 3 day 6), causal from `offset`. None where the
+        kernel does not run (another device, kernels off, the day not done)."""
+        if not kernels.active("week3-day6"):
+            return None
+        start = self.offset
+        self.update_and_fetch(k, v)
+        return kernels.extension().dense_attention(q, self.keys, self.values, start, scale)
+
     def make_mask(self, L: int, dtype: mx.Dtype = mx.float32) -> mx.array | None:
         """The additive mask for `L` new queries against the `offset + L` keys they will
         see (call before `update_and_fetch`); None when no key needs masking (`L == 1`)."""
@@ -83,6 +94,10 @@ class BatchKVCache(KVCache):
     sits at position `s - left_padding[b]`, so RoPE sees the same positions as when the row
     runs alone. The mask hides every row's padding slots.
     """
+
+    def attend(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> None:
+        """Rows of a batch cache are left-padded: their masks come from `make_mask`."""
+        return None
 
     def __init__(self, left_padding: list[int]):
         super().__init__()

@@ -39,6 +39,11 @@ def enable(on: bool) -> bool:
     return before
 
 
+def enabled() -> bool:
+    """Whether the kernels are turned on (they may still be unbuilt: see `status`)."""
+    return _enabled
+
+
 def extension() -> ModuleType | None:
     """The built extension, building it first when its sources are new; None when it cannot
     be built (`status()` says why)."""

@@ -11,6 +11,7 @@
 // of x gets the same bits alone (decode), in a batch, or in a prompt: a seeded request
 // draws the same tokens whether it runs alone or with others.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -111,25 +112,37 @@ void qmv_rows(const float* x, const uint32_t* w, const float* scales, const floa
   int r = 0;
 #ifdef TINY_LLM_AVX2
   // Four rows at a time, unpacked in registers only: four independent running sums keep the
-  // multiply-add units busy while each row's weights are made from its integers.
-  if (bits == 4 || bits == 8) {
-    for (; r + 4 <= rows; r += 4) {
-      const uint32_t* row = w + static_cast<long>(r) * words;
-      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-      for (int g = 0; g < groups; ++g) {
-        __m256 s[4], b[4];
-        for (int j = 0; j < 4; ++j) {
-          s[j] = _mm256_set1_ps(scales[(r + j) * groups + g]);
-          b[j] = _mm256_set1_ps(biases[(r + j) * groups + g]);
-        }
-        for (int k = g * group_size; k < (g + 1) * group_size; k += 8) {
-          const __m256 xv = _mm256_loadu_ps(x + k);
-          for (int j = 0; j < 4; ++j)
-            acc[j] = _mm256_fmadd_ps(xv, weights8(row + j * words + k * bits / 32, bits, s[j], b[j]), acc[j]);
-        }
+  // multiply-add units busy while each row's weights are made from its integers. The bit
+  // width is a constant inside (`Bits`): the word pointers step by constants, no branch.
+  auto four_rows = [&](auto Bits, int r) {
+    constexpr int step = decltype(Bits)::value / 4;  // words per 8 values
+    const uint32_t* p[4];
+    for (int j = 0; j < 4; ++j) p[j] = w + static_cast<long>(r + j) * words;
+    const float* s = scales + static_cast<long>(r) * groups;
+    const float* b = biases + static_cast<long>(r) * groups;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int g = 0; g < groups; ++g) {
+      const __m256 s0 = _mm256_set1_ps(s[g]), s1 = _mm256_set1_ps(s[groups + g]),
+                   s2 = _mm256_set1_ps(s[2 * groups + g]), s3 = _mm256_set1_ps(s[3 * groups + g]);
+      const __m256 b0 = _mm256_set1_ps(b[g]), b1 = _mm256_set1_ps(b[groups + g]),
+                   b2 = _mm256_set1_ps(b[2 * groups + g]), b3 = _mm256_set1_ps(b[3 * groups + g]);
+      const float* xg = x + g * group_size;
+      for (int i = 0; i < group_size; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(xg + i);
+        a0 = _mm256_fmadd_ps(xv, weights8(p[0], Bits, s0, b0), a0);
+        a1 = _mm256_fmadd_ps(xv, weights8(p[1], Bits, s1, b1), a1);
+        a2 = _mm256_fmadd_ps(xv, weights8(p[2], Bits, s2, b2), a2);
+        a3 = _mm256_fmadd_ps(xv, weights8(p[3], Bits, s3, b3), a3);
+        p[0] += step, p[1] += step, p[2] += step, p[3] += step;
       }
-      for (int j = 0; j < 4; ++j) out[r + j] = hsum(acc[j]);  // K is a multiple of 8: no rest
     }
+    out[r] = hsum(a0), out[r + 1] = hsum(a1), out[r + 2] = hsum(a2), out[r + 3] = hsum(a3);  // K: 8k
+  };
+  for (; r + 4 <= rows && (bits == 4 || bits == 8); r += 4) {
+    if (bits == 4)
+      four_rows(std::integral_constant<int, 4>{}, r);
+    else
+      four_rows(std::integral_constant<int, 8>{}, r);
   }
 #endif
   // The rows left (all of them on the portable path): unpack a row, then the common product.

@@ -1,6 +1,8 @@
 // Engine — the kernels' thread pool: workers made once and woken per call (making threads on
 // every call costs more than a small product), the calling thread working beside them.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +31,12 @@ static void run_tasks(Job& job) {
   }
 }
 
+// How long an idle worker watches for work before it sleeps: $TINY_LLM_SPIN_US, else 100 us.
+long spin_microseconds() {
+  if (const char* env = std::getenv("TINY_LLM_SPIN_US")) return std::max(0L, std::atol(env));
+  return 100;
+}
+
 class Pool {
  public:
   explicit Pool(int threads) {
@@ -55,9 +63,9 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = job;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
-    wake_.notify_all();
+    if (sleeping_.load(std::memory_order_acquire) > 0) wake_.notify_all();
     run_tasks(*job);
     while (job->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
   }
@@ -66,12 +74,20 @@ class Pool {
   void work() {
     long seen = 0;
     for (;;) {
+      // The next product of a forward pass usually follows within microseconds: watch for it
+      // a little while before sleeping (waking a sleeping thread costs tens of microseconds).
+      const auto until = std::chrono::steady_clock::now() + spin_;
+      while (generation_.load(std::memory_order_acquire) == seen && !stop_.load(std::memory_order_relaxed) &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
       std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        sleeping_.fetch_add(1);
+        wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+        sleeping_.fetch_sub(1);
         if (stop_) return;
-        seen = generation_;
+        seen = generation_.load();
         job = job_;
       }
       run_tasks(*job);
@@ -82,8 +98,10 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::shared_ptr<Job> job_;
-  long generation_ = 0;
-  bool stop_ = false;
+  std::atomic<long> generation_{0};
+  std::atomic<int> sleeping_{0};
+  std::atomic<bool> stop_{false};
+  std::chrono::microseconds spin_{spin_microseconds()};
 };
 
 int default_threads() {
