@@ -63,6 +63,22 @@ def assert_close(actual: mx.array, expected: mx.array, dtype: mx.Dtype) -> None:
     )
 
 
+# Unit roundoff of each dtype.
+EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-11, mx.bfloat16: 2.0**-8}
+
+
+@pytest.fixture(scope="module")
+def kernels_on_the_cpu():
+    """Our kernels, built, on the CPU stream (on a Mac's GPU MLX's own op would run instead)."""
+    from tiny_llm import kernels
+
+    kernels.require()
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(before)
+
+
 def assert_half_precision_close(actual: mx.array, expected: mx.array) -> None:
     """float16 logits of a whole model against a reference on the same float16 weights.
     Every intermediate value is rounded to 11 significant bits, by other kernels (and in

@@ -5,30 +5,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from conftest import EPS
 from tiny_llm import kernels
 from tiny_llm.quantize import QuantizedWeight, project
 
-FLOATS = [mx.float32, mx.float16, mx.bfloat16]
-# Unit roundoff of each output dtype. Our kernel sums in float32 and rounds once at the end;
-# the reference sums in float32 too (MLX's op on float32 copies of the same numbers), so the
-# results differ by the output's rounding plus float32 reassociation: a few units of the
-# dtype relative to the largest output.
-EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-11, mx.bfloat16: 2.0**-8}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def on_the_cpu():
-    """The kernels run on CPU streams (on a Mac's GPU MLX's own op would run instead)."""
-    before = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(before)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built(on_the_cpu):
-    """Every test here runs our kernel, so it must be built (the error says why not)."""
-    return kernels.require()
+# Every test here runs our kernel: on the CPU, built (the error says why not).
+pytestmark = pytest.mark.usefixtures("kernels_on_the_cpu")
 
 
 def random_quantized(N, K, dtype, group_size, bits, seed):
@@ -44,6 +27,10 @@ def reference_qmm(x, packed, scales, biases, group_size, bits):
                                biases.astype(mx.float32), transpose=True, group_size=group_size, bits=bits)
 
 
+# Our kernel sums in float32 and rounds once at the end; the reference sums in float32 too
+# (MLX's op on float32 copies of the same numbers), so the results differ by the output's
+# rounding plus float32 reassociation: a few units (EPS) of the dtype relative to the
+# largest output.
 def assert_close(ours, ref, dtype, ulps=4):
     ours32, ref32 = np.array(ours.astype(mx.float32)), np.array(ref.astype(mx.float32))
     bound = ulps * EPS[dtype] * max(1.0, np.abs(ref32).max())

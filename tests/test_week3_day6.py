@@ -5,25 +5,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import EPS, tiny_model
 from tiny_llm import kernels
 from tiny_llm.paged_cache import BlockTable, PagedKVCache, PagePool
 
-EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-11, mx.bfloat16: 2.0**-8}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def on_the_cpu():
-    """The kernels run on CPU streams (on a Mac's GPU MLX's own op would run instead)."""
-    before = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(before)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built(on_the_cpu):
-    return kernels.require()
+# Every test here runs our kernel: on the CPU, built (the error says why not).
+pytestmark = pytest.mark.usefixtures("kernels_on_the_cpu")
 
 
 def reference(q, keys, values, pages, starts, page_size, scale):
