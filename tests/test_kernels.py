@@ -54,6 +54,11 @@ def test_matmul_and_attention_refuse_bad_arguments():
         kernels.paged_attention(q, pool, pool, pages, starts, 0, 1.0)
     with pytest.raises(ValueError, match="keys must be a pool"):
         kernels.paged_attention(q, mx.zeros((16, 16)), pool, pages, starts, 16, 1.0)
+    buffers = mx.zeros((1, 2, 8, 8))
+    with pytest.raises(ValueError, match=r"start must be an integer with 0 <= start and start \+ L <= 8, got 8"):
+        kernels.dense_attention(q, buffers, buffers, 8, 1.0)
+    with pytest.raises(ValueError, match=r"values must be buffers \[1, Hkv, S, D\] like keys"):
+        kernels.dense_attention(q, buffers, mx.zeros((1, 2, 9, 8)), 0, 1.0)
     with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
         with kernels.threads(0):
             pass
@@ -71,6 +76,16 @@ def test_turned_off_the_ops_are_mlx_own(kernels_off):
     assert kernels.status().startswith("kernels: off")
     with pytest.raises(RuntimeError, match="the kernels are turned off"):
         kernels.require()
+
+
+def test_fallback_dense_attention_by_hand(kernels_off):
+    """Off, the dense attention is MLX's fused attention on the buffers' first positions:
+    one query head over two positions with equal scores averages their values; positions
+    past start + i are never seen (their values are 100)."""
+    keys = mx.zeros((1, 1, 6, 2))
+    values = mx.array([[[[0.0, 0.0], [2.0, 4.0], [100.0, 100.0], [100.0, 100.0], [100.0, 100.0], [100.0, 100.0]]]])
+    out = kernels.dense_attention(mx.zeros((1, 1, 2, 2)), keys, values, 0, 1.0)
+    assert out.tolist() == [[[[0.0, 0.0], [1.0, 2.0]]]]
 
 
 def test_fallback_attention_over_pages_by_hand(kernels_off):

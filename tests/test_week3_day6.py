@@ -150,7 +150,7 @@ def test_attention_over_a_dense_cache_equals_the_reference(B, L, start, Hq, Hkv,
     keys = mx.random.normal((B, Hkv, S, D), key=mx.random.key(1)).astype(dtype)
     values = mx.random.normal((B, Hkv, S, D), key=mx.random.key(2)).astype(dtype)
     q = mx.random.normal((B, Hq, L, D), key=mx.random.key(3)).astype(dtype)
-    ours = kernels.extension().dense_attention(q, keys, values, start, 0.25)
+    ours = kernels.dense_attention(q, keys, values, start, 0.25)
     # The same numbers as a pool: slot b * Hkv * S + h * S + s  <->  pool[slot // Hkv ...]: lay out directly.
     pool_k = keys.transpose(0, 2, 1, 3).reshape(B * S, Hkv, D)  # row b's position s at slot b * S + s
     pool_v = values.transpose(0, 2, 1, 3).reshape(B * S, Hkv, D)

@@ -61,7 +61,7 @@ class KVCache:
             return None
         start = self.offset
         self.update_and_fetch(k, v)
-        return kernels.extension().dense_attention(q, self.keys, self.values, start, scale)
+        return kernels.dense_attention(q, self.keys, self.values, start, scale)
 
     def make_mask(self, L: int, dtype: mx.Dtype = mx.float32) -> mx.array | None:
         """The additive mask for `L` new queries against the `offset + L` keys they will

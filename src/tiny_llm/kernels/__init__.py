@@ -9,6 +9,7 @@ and, for the engine, while the day that writes it is not done.
     y = kernels.quantized_matmul(x, w, scales, biases, group_size=32, bits=4)  # x @ W.T
     y = kernels.matmul(x, w)                                                  # x @ w.T
     o = kernels.paged_attention(q, keys, values, pages, starts, page_size=16, scale=0.125)
+    o = kernels.dense_attention(q, cache.keys, cache.values, start=cache.offset - L, scale=0.125)
 """
 
 import contextlib
@@ -24,7 +25,8 @@ from ..progress import implemented
 GROUP_SIZES = (32, 64, 128)
 BITS = (4, 8)
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
-DAYS = {"quantized_matmul": "week2-day6", "matmul": "week2-day6", "paged_attention": "week3-day6"}
+DAYS = {"quantized_matmul": "week2-day6", "matmul": "week2-day6", "paged_attention": "week3-day6",
+        "dense_attention": "week3-day6"}
 
 _enabled = os.environ.get("TINY_LLM_KERNELS", "1") != "0"
 _ext: ModuleType | None = None
@@ -204,6 +206,29 @@ def paged_attention(q: mx.array, keys: mx.array, values: mx.array, pages: mx.arr
     if (ext := _kernel("paged_attention", stream)) is not None:
         return ext.paged_attention(q, keys, values, pages, starts, page_size, float(scale), stream=stream)
     return _paged_attention_ops(q, keys, values, pages, starts, page_size, scale)
+
+
+def dense_attention(q: mx.array, keys: mx.array, values: mx.array, start: int, scale: float, *,
+                    stream: mx.Stream | mx.Device | None = None) -> mx.array:
+    """Attention of `q [B, Hq, L, D]` over a KVCache's buffers `keys/values [B, Hkv, S, D]`,
+    whose first `start + L` positions hold keys: query `i` sees positions `0 .. start + i`.
+    Returns `[B, Hq, L, Dv]` in `q`'s dtype."""
+    _check_float("q", q)
+    for name, a in (("keys", keys), ("values", values)):
+        _check_float(name, a)
+        if a.ndim != 4 or a.shape[0] != q.shape[0] or a.shape[:3] != keys.shape[:3]:
+            raise ValueError(f"{name} must be buffers [{q.shape[0]}, Hkv, S, D] like keys, got {a.shape}")
+    if q.ndim != 4 or keys.shape[3] != q.shape[3] or keys.dtype != values.dtype or q.shape[1] % keys.shape[1]:
+        raise ValueError(f"q {q.shape} must be [B, Hq, L, D] with Hq a multiple of the keys' heads and their D, "
+                         f"keys and values of one dtype")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0 or start + q.shape[2] > keys.shape[2]:
+        raise ValueError(f"start must be an integer with 0 <= start and start + L <= {keys.shape[2]}, got {start!r}")
+    if (ext := _kernel("dense_attention", stream)) is not None:
+        return ext.dense_attention(q, keys, values, start, float(scale), stream=stream)
+    n = start + q.shape[2]
+    mask = mx.where(mx.arange(n)[None, :] <= start + mx.arange(q.shape[2])[:, None], 0.0, -mx.inf).astype(q.dtype)
+    return mx.fast.scaled_dot_product_attention(q, keys[:, :, :n].astype(q.dtype), values[:, :, :n].astype(q.dtype),
+                                                scale=scale, mask=mask)
 
 
 def _paged_attention_ops(q, keys, values, pages, starts, page_size, scale):
