@@ -3,6 +3,7 @@ done, a command that needs a missing day says which in one line, and the package
 each day's module on its own."""
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -93,7 +94,7 @@ def test_generate_falls_back_to_week_one_with_a_note(week_one_only):
     status, out, err = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "2"])
     assert status == 0, err
     assert week_one_only == {"recompute": 1, "fused": [False]}
-    notes = [line for line in err.splitlines() if line.startswith("tiny-llm: note:")]
+    notes = [line for line in without_kernel_notes(err) if line.startswith("tiny-llm: note:")]
     assert len(notes) == 2 and "week2-day3 is not implemented yet" in notes[0] and "--no-fused" in notes[0]
     assert "week2-day2 is not implemented yet" in notes[1] and "--no-kv-cache" in notes[1]
     status, expected, _ = run_captured(["generate", "--prompt", PROMPT, "--max-tokens", "2", "--no-fused"])
@@ -112,10 +113,18 @@ def test_a_command_that_needs_a_missing_day_says_which_in_one_line(monkeypatch, 
     prompts.write_text("Name a colour.\n")
     status, out, err = run_captured(["batch", "--prompts", str(prompts), "--max-tokens", "2"])
     assert (status, out) == (2, "")
-    assert err.splitlines() == [
+    assert without_kernel_notes(err) == [
         "tiny-llm: error: week2-day4 is not implemented yet (implement BatchGenerator._admit); "
         "`tiny-llm generate` runs one prompt at a time without it"
     ]
+
+
+def without_kernel_notes(err: str) -> list[str]:
+    """The lines of `err` but the notes that the kernel days (week 2 day 6, week 3 day 6) are
+    not done yet: a starter at an earlier stage prints them too (their own tests are in
+    tests/test_kernels.py and the walkthrough)."""
+    return [line for line in err.splitlines()
+            if not re.match(r"tiny-llm: note: week(2-day6|3-day6) is not implemented yet", line)]
 
 
 def test_other_not_implemented_errors_are_not_hidden(monkeypatch):
@@ -150,7 +159,8 @@ def test_the_package_imports_one_day_at_a_time():
     )
     assert fresh_python(code) == [
         "['tiny_llm.attention',", "'tiny_llm.basics',", "'tiny_llm.embedding',", "'tiny_llm.files',",
-        "'tiny_llm.kernels',", "'tiny_llm.layer_norm',", "'tiny_llm.loader',", "'tiny_llm.positional_encoding',", "'tiny_llm.progress',", "'tiny_llm.quantize',",
+        "'tiny_llm.kernels',", "'tiny_llm.layer_norm',", "'tiny_llm.loader',", "'tiny_llm.positional_encoding',",
+        "'tiny_llm.progress',", "'tiny_llm.quantize',",
         "'tiny_llm.qwen2',", "'tiny_llm.tokenizer']", "True", "tiny_llm.generate",
     ]
 

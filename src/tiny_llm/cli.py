@@ -295,18 +295,19 @@ def _load(args: argparse.Namespace, name: str | None = None):
         _note_once("week2-day3 is not implemented yet: the hand-written RMSNorm, RoPE and attention run "
                    "instead (as with --no-fused)")
         fused = False
-    _use_kernels(args)
-    try:
-        return load(name or args.model, fused=fused, group=distributed.group())
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(str(e)) from None
-
-
-def _use_kernels(args: argparse.Namespace) -> None:
-    """Our own kernels unless --no-kernels; --verbose says whether they run; a starter whose
-    kernel days are not done yet runs those products on MLX ops, with a note."""
     if args.no_kernels:
         kernels.enable(False)
+    try:
+        loaded = load(name or args.model, fused=fused, group=distributed.group())
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
+    _kernel_notes(args)  # after the model loads: a user error stays one line
+    return loaded
+
+
+def _kernel_notes(args: argparse.Namespace) -> None:
+    """--verbose says whether our own kernels run; a starter whose kernel days are not done
+    yet runs those products on MLX ops, with a note."""
     if getattr(args, "verbose", False):
         _note_once(kernels.status())
     ext = kernels.extension() if kernels.enabled() else None
