@@ -25,7 +25,7 @@ from . import fast, rng, search, stages
 from .checks import RowError
 from .draw import argmax_and_value, draw, scatter_rows
 from .dry import dry_penalties
-from .params import SamplingParams
+from .params import STAGE_ON, SamplingParams, stage_on
 from .rows import Row, make_rows
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class Sampler:
     def needs_history(self) -> bool:
         """Whether a row looks at the tokens so far (penalties, DRY): without, `history`
         can be left out."""
-        return any(r.penalised or r.params.dry_multiplier > 0 for r in self._rows)
+        return any(r.penalised or stage_on("dry", r.params) for r in self._rows)
 
     def reset(self) -> None:
         """Forget the tokens drawn so far (counters), mirostat's running estimate and where
@@ -157,7 +157,7 @@ class Sampler:
         logits on the host: they are sampled at once, and `confirm` has nothing to check."""
         rows = self._batch_rows(_check_shape(logits)[0])
         lazy = (not any(r.matcher for r in rows) and {r.kind for r in rows} <= {"greedy", "plain"}
-                and all(r.params.top_p >= 1 for r in rows))
+                and not any(stage_on("top_p", r.params) for r in rows))
         drawn = self._plain_draw(logits, history, rows, clean=True) if lazy else None
         if drawn is None:
             return self.sample(logits, history), lambda: None
@@ -362,7 +362,7 @@ class Sampler:
             return None
         (key,) = groups
         u = _uniforms(rows, rng.DRAW)
-        if all(r.params.min_p <= 0 and r.params.top_p >= 1 for r in rows):  # temperature alone: one pass
+        if not any(stage_on(s, r.params) for r in rows for s in ("min_p", "top_p")):  # temperature alone: one pass
             return draw(y / _col(rows, "temperature"), u)  # probe: the row max, NaN or -inf: bad row
         return _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)
 
@@ -680,60 +680,85 @@ def _stages_and_nucleus(x: mx.array, hist: list[list[int]], rows: list[Row],
     """`_stages`, and top-p's `search.Nucleus` if no stage after it changed the logits."""
     P = [r.params for r in rows]
     found = None
-    G, V = x.shape
     # Rows that no top-k / top-p / min-p has cut yet (decided by the parameters, as the
     # fast path decides it): top-p sums their normaliser over the whole vocabulary.
-    uncut = [True] * G
+    uncut = [True] * len(rows)
     for stage in key:
-        if stage == "penalties" and any(r.penalised for r in rows):
-            x = fast.sparse_penalties(x, hist, P)  # touches only the tokens each row has seen
-            found = None
-        elif stage == "dry" and any(p.dry_multiplier > 0 for p in P):
-            r_, c_, v_ = [], [], []
-            for g, r in enumerate(rows):
-                p = r.params
-                amounts = dry_penalties(hist[g], multiplier=p.dry_multiplier, base=p.dry_base,
-                                        allowed_length=p.dry_allowed_length, last_n=p.dry_penalty_last_n,
-                                        breakers=r.breakers)
-                for token, amount in amounts.items():
-                    if token < V:
-                        r_.append(g), c_.append(token), v_.append(-amount)
-            if r_:
-                x = x.at[mx.array(r_), mx.array(c_)].add(mx.array(v_, dtype=mx.float32))
-                found = None
-        elif stage == "top_n_sigma" and any(p.top_n_sigma > 0 for p in P):
-            x = stages.top_n_sigma(x, _col(rows, "top_n_sigma"))
-            found = None
-        elif stage == "top_k" and any(p.top_k > 0 for p in P):
-            x = search.top_k(x, _col(rows, "top_k", mx.int32))
-            found = None
-            uncut = [u and p.top_k <= 0 for u, p in zip(uncut, P)]
-        elif stage == "typical_p" and any(p.typical_p < 1 for p in P):
-            x = stages.typical_p(x, _col(rows, "typical_p"))
-            found = None
-        elif stage == "top_p" and any(p.top_p < 1 for p in P):
-            found = search.nucleus(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
-            x = x if found is None else found.logits
-            uncut = [u and p.top_p >= 1 for u, p in zip(uncut, P)]
-        elif stage == "min_p" and any(p.min_p > 0 for p in P):
-            x = stages.min_p(x, _col(rows, "min_p"))
-            found = None
-            uncut = [u and p.min_p <= 0 for u, p in zip(uncut, P)]
-        elif stage == "xtc" and any(p.xtc_probability > 0 and p.xtc_threshold <= 0.5 for p in P):
-            coin = _uniforms(rows, rng.XTC)
-            prob = mx.array([p.xtc_probability if p.xtc_threshold <= 0.5 else 0.0 for p in P])
-            x = stages.xtc(x, _col(rows, "xtc_threshold"), (coin < prob)[:, None])
-            found = None
-        elif stage == "temperature":
-            if all(p.temperature == 1.0 and p.dynatemp_range <= 0 for p in P):
-                continue  # dividing by 1 changes nothing
-            found = None
-            if any(p.dynatemp_range > 0 for p in P):
-                x = stages.temperature(x, _col(rows, "temperature"), _col(rows, "dynatemp_range"),
-                                       _col(rows, "dynatemp_exponent"))
-            else:
-                x = stages.plain_temperature(x, _col(rows, "temperature"), any(p.temperature <= 0 for p in P))
+        on = [STAGE_ON[stage](p) for p in P]
+        if not any(on):
+            continue  # no row uses it
+        out = _APPLY[stage](x, hist, rows, uncut)
+        if isinstance(out, search.Nucleus):
+            found, x = out, out.logits
+        elif out is not x:  # the logits changed: top-p's selection no longer describes them
+            found, x = None, out
+        if stage in fast.FILTERS:
+            uncut = [u and not o for u, o in zip(uncut, on)]
     return x, found
+
+
+# The stages of the chain. Each maps a group's logits `x [G, V]` (with its histories, rows
+# and `uncut` flags, as `_stages_and_nucleus` keeps them) to new logits, the same `x` where
+# nothing changed, or top-p's `search.Nucleus`. They run when a row switches them on.
+
+def _penalties(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    return fast.sparse_penalties(x, hist, [r.params for r in rows])  # touches only the tokens each row has seen
+
+
+def _dry(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    G, V = x.shape
+    r_, c_, v_ = [], [], []
+    for g, r in enumerate(rows):
+        p = r.params
+        amounts = dry_penalties(hist[g], multiplier=p.dry_multiplier, base=p.dry_base,
+                                allowed_length=p.dry_allowed_length, last_n=p.dry_penalty_last_n,
+                                breakers=r.breakers)
+        for token, amount in amounts.items():
+            if token < V:
+                r_.append(g), c_.append(token), v_.append(-amount)
+    if not r_:
+        return x
+    return x.at[mx.array(r_), mx.array(c_)].add(mx.array(v_, dtype=mx.float32))
+
+
+def _top_n_sigma(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    return stages.top_n_sigma(x, _col(rows, "top_n_sigma"))
+
+
+def _top_k(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    return search.top_k(x, _col(rows, "top_k", mx.int32))
+
+
+def _typical_p(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    return stages.typical_p(x, _col(rows, "typical_p"))
+
+
+def _top_p(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> "mx.array | search.Nucleus":
+    found = search.nucleus(x, _col(rows, "top_p"), mx.array(uncut)[:, None])
+    return x if found is None else found
+
+
+def _min_p(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    return stages.min_p(x, _col(rows, "min_p"))
+
+
+def _xtc(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    coin = _uniforms(rows, rng.XTC)
+    prob = mx.array([r.params.xtc_probability if STAGE_ON["xtc"](r.params) else 0.0 for r in rows])
+    return stages.xtc(x, _col(rows, "xtc_threshold"), (coin < prob)[:, None])
+
+
+def _temperature(x: mx.array, hist: list[list[int]], rows: list[Row], uncut: list[bool]) -> mx.array:
+    if any(r.params.dynatemp_range > 0 for r in rows):
+        return stages.temperature(x, _col(rows, "temperature"), _col(rows, "dynatemp_range"),
+                                  _col(rows, "dynatemp_exponent"))
+    return stages.plain_temperature(x, _col(rows, "temperature"), any(r.params.temperature <= 0 for r in rows))
+
+
+_APPLY: dict[str, Callable[[mx.array, list[list[int]], list[Row], list[bool]], "mx.array | search.Nucleus"]] = {
+    "penalties": _penalties, "dry": _dry, "top_n_sigma": _top_n_sigma, "top_k": _top_k,
+    "typical_p": _typical_p, "top_p": _top_p, "min_p": _min_p, "xtc": _xtc, "temperature": _temperature,
+}
 
 
 class MirostatStep(NamedTuple):

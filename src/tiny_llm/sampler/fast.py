@@ -15,11 +15,12 @@ import mlx.core as mx
 
 from . import stages
 from .draw import inverse_cdf
-from .params import SamplingParams
+from .params import STAGE_ON, SamplingParams, stage_on
 
 WINDOW = 256  # tokens kept in the window (at least; top-k up to MAX_WINDOW widens it)
 MAX_WINDOW = 4096
-FAST_STAGES = {"penalties", "top_k", "top_p", "min_p", "temperature"}
+FILTERS = ("top_k", "top_p", "min_p")  # the window's filters: one that is on for a row cuts the row
+FAST_STAGES = {"penalties", *FILTERS, "temperature"}
 
 
 def eligible(params: list[SamplingParams], order: tuple[str, ...]) -> bool:
@@ -41,7 +42,7 @@ def column(params: list[SamplingParams], name: str, dtype: mx.Dtype = mx.float32
 
 
 def window_size(params: list[SamplingParams], V: int) -> int:
-    return min(V, max([WINDOW] + [p.top_k for p in params if p.top_k > 0]))
+    return min(V, max([WINDOW] + [p.top_k for p in params if stage_on("top_k", p)]))
 
 
 def sparse_penalties(y: mx.array, hist: list[list[int]], params: list[SamplingParams]) -> mx.array:
@@ -98,7 +99,7 @@ def wants_window(params: list[SamplingParams]) -> bool:
     """Whether the window pays: every row is cut to a few tokens by top-k. Top-p alone
     costs less through `search.top_p` and one draw over the vocabulary (its nucleus may be
     any size), and min-p and temperature alone are passes over the vocabulary."""
-    return all(p.temperature <= 0 or p.top_k > 0 for p in params)
+    return all(p.temperature <= 0 or stage_on("top_k", p) for p in params)
 
 
 def fast_tokens(y: mx.array, params: list[SamplingParams], order: tuple[str, ...], u: mx.array):
@@ -159,12 +160,18 @@ def window(y: mx.array, params: list[SamplingParams], order: tuple[str, ...]):
         return mx.sum(y >= threshold, axis=-1, keepdims=True)
 
     for stage in order:
+        if stage == "penalties":
+            continue  # in `y` already
+        rows_on = [STAGE_ON[stage](p) for p in params]
+        if not any(rows_on):
+            continue  # no row uses it
         if stage == "temperature":
             t = col("temperature")
             y = mx.where(t > 0, y / mx.where(t > 0, t, 1.0), y)  # the same division as the chain
-        elif stage == "top_k" and any(p.top_k > 0 for p in params):
+            continue
+        on = mx.array(rows_on)[:, None]
+        if stage == "top_k":
             k = col("top_k", mx.int32)
-            on = k > 0
             yw = window_values()
             kth = mx.take_along_axis(yw, mx.clip(k - 1, 0, W - 1), axis=-1)
             keep = yw >= kth
@@ -173,15 +180,13 @@ def window(y: mx.array, params: list[SamplingParams], order: tuple[str, ...]):
             outside = tail & (kth > -math.inf) & (count_full_at_least(kth) > mx.sum(keep, axis=-1, keepdims=True))
             full = full | (on & outside)
             alive = mx.where(on, alive & keep, alive)
-            close_tail([p.top_k > 0 for p in params])
-        elif stage == "top_p" and any(p.top_p < 1 for p in params):
+        elif stage == "top_p":
             p = col("top_p")
-            on = p < 1
             yw = window_values()
             top = yw[:, :1]
             ew = mx.where(alive, stages.exp(yw - top), 0.0)
             z = mx.cumsum(ew, axis=-1)[:, -1:]  # alive tokens lead: a running sum, as the chain
-            if any(t and p.top_p < 1 for t, p in zip(tail_rows, params)):
+            if any(t and o for t, o in zip(tail_rows, rows_on)):
                 # Exact mass: over the whole vocabulary while the tail is alive.
                 z = mx.where(tail, mx.sum(stages.exp(y - top), axis=-1, keepdims=True), z)
             ps = ew / z
@@ -194,17 +199,16 @@ def window(y: mx.array, params: list[SamplingParams], order: tuple[str, ...]):
             ties = tail & (count_full_at_least(threshold) > mx.sum(alive & (yw >= threshold), axis=-1, keepdims=True))
             full = full | (on & (short | ties))
             alive = mx.where(on, alive & (yw >= threshold), alive)
-            close_tail([p.top_p < 1 for p in params])
-        elif stage == "min_p" and any(p.min_p > 0 for p in params):
+        elif stage == "min_p":
             p = col("min_p")
-            on = p > 0
             yw = window_values()
             threshold = yw[:, :1] + mx.log(mx.maximum(p, 1e-38))
             keep = yw >= threshold
             outside = tail & (count_full_at_least(threshold) > mx.sum(keep, axis=-1, keepdims=True))
             full = full | (on & outside)
             alive = mx.where(on, alive & keep, alive)
-            close_tail([p.min_p > 0 for p in params])
+        if stage in FILTERS:
+            close_tail(rows_on)
     full = full | tail  # no filter closed the tail: the draw needs every token
     yw = mx.where(alive, window_values(), -math.inf)
     by_id = mx.argsort(idx, axis=-1)

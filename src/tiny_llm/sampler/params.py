@@ -1,13 +1,34 @@
 """Engine — sampling parameters: one frozen, validated object per request (or per batch row)."""
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from ..constrain.grammar import Grammar
 from .checks import check_float, check_int
 
-STAGES = ("penalties", "dry", "top_n_sigma", "top_k", "typical_p", "top_p", "min_p", "xtc", "temperature")
+# Whether a stage is on for one row's parameters (off: it leaves the row's logits as they
+# are), stage by stage in llama.cpp's order. The one place these rules are written:
+# `enabled_stages`, the engine's chain and the fast path's window all ask here.
+STAGE_ON: dict[str, Callable[["SamplingParams"], bool]] = {
+    "penalties": lambda p: p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0,
+    "dry": lambda p: p.dry_multiplier > 0,
+    "top_n_sigma": lambda p: p.top_n_sigma > 0,
+    "top_k": lambda p: p.top_k > 0,
+    "typical_p": lambda p: p.typical_p < 1.0,
+    "top_p": lambda p: p.top_p < 1.0,
+    "min_p": lambda p: p.min_p > 0.0,
+    "xtc": lambda p: p.xtc_probability > 0 and p.xtc_threshold <= 0.5,  # above 0.5, no two tokens reach it
+    "temperature": lambda p: p.temperature != 1.0 or p.dynatemp_range > 0,
+}
+
+STAGES = tuple(STAGE_ON)
+
+
+def stage_on(stage: str, params: "SamplingParams") -> bool:
+    """Whether `stage` (a name of `STAGES`) is on for a row with these `params`."""
+    return STAGE_ON[stage](params)
+
 
 # Stage aliases accepted in `order` (llama.cpp's --samplers names and a few common spellings).
 ALIASES = {
@@ -212,17 +233,5 @@ class SamplingParams:
                 raise ValueError(f"{name} names token {outside[0]}, outside the vocabulary [0, {vocab_size})")
 
     def enabled_stages(self) -> list[str]:
-        """The stages whose parameters are not "off"."""
-        on = {
-            "penalties": self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-            or self.presence_penalty != 0.0,
-            "dry": self.dry_multiplier > 0,
-            "top_n_sigma": self.top_n_sigma > 0,
-            "top_k": self.top_k > 0,
-            "typical_p": self.typical_p < 1.0,
-            "top_p": self.top_p < 1.0,
-            "min_p": self.min_p > 0.0,
-            "xtc": self.xtc_probability > 0 and self.xtc_threshold <= 0.5,
-            "temperature": self.temperature != 1.0 or self.dynatemp_range > 0,
-        }
-        return [s for s in STAGES if on[s]]
+        """The stages whose parameters are not "off" (`STAGE_ON`), in `STAGES` order."""
+        return [stage for stage, on in STAGE_ON.items() if on(self)]

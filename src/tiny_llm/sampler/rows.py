@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..distributed import fresh_seed
 from ..constrain import TokenMatcher, TokenTable
 from . import fast
-from .params import SamplingParams
+from .params import SamplingParams, stage_on
 
 if TYPE_CHECKING:
     from ..tokenizer import Tokenizer
@@ -42,7 +42,7 @@ class Row:
     def __post_init__(self):
         self.mu = self.first_mu()
         self.kind = _kind(self.params)
-        self.penalised = "penalties" in self.params.enabled_stages()
+        self.penalised = stage_on("penalties", self.params)
 
     def first_mu(self) -> float:
         """Mirostat's estimate before the first draw: twice the target surprise."""
@@ -95,7 +95,7 @@ def _encode_breakers(params: SamplingParams, tokenizer) -> tuple[tuple[int, ...]
     for b in params.dry_sequence_breakers:
         if isinstance(b, str):
             if tokenizer is None or isinstance(tokenizer, TokenTable):
-                if params.dry_multiplier > 0:
+                if stage_on("dry", params):
                     raise ValueError(
                         f"dry_sequence_breakers has the string {b!r}: pass tokenizer= to the Sampler "
                         f"or give token-id sequences"
