@@ -62,7 +62,8 @@ def main() -> int:
             report(f"matmul on {name}", False, f"failed: {e}", "reinstall MLX")
 
     try:
-        from tiny_llm.loader import DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_VERSION, default_gguf_path
+        from tiny_llm.gguf import DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_VERSION
+        from tiny_llm.loader import default_gguf_path  # tests patch it there
     except ImportError as e:
         report("tiny_llm", False, f"cannot import ({e})", 'pip install -e ".[dev]" (or: make setup)')
         return finish()

@@ -11,7 +11,8 @@ import pytest
 from conftest import TINY_CONFIGS, model_weights, reference_model, save_dir
 
 import tiny_llm
-from tiny_llm.loader import _gguf_weights, load_model, resolve
+from tiny_llm.gguf import _gguf_weights
+from tiny_llm.loader import load_model, resolve
 from tiny_llm.qwen2 import ModelArgs, Qwen2Model
 from tiny_llm.quantize import QuantizedWeight
 
@@ -141,7 +142,7 @@ def test_default_gguf_unpermutation_agrees_with_traditional_rope(default_model_d
     """The default model's raw GGUF q/k rows with interleaved RoPE equal the converted ones
     with half-split RoPE: two independent routes to the same logits (mlx-lm on both sides)."""
     from mlx_lm.models import llama
-    from tiny_llm.loader import default_gguf_path
+    from tiny_llm.gguf import default_gguf_path
 
     config = json.loads((default_model_dir / "config.json").read_text())
     raw = mx.load(str(default_gguf_path()))
@@ -321,7 +322,7 @@ def test_loads_of_one_gguf_at_once_convert_it_once(tmp_path, monkeypatch):
     import threading
     import time
 
-    import tiny_llm.loader as loader
+    import tiny_llm.gguf as loader
 
     monkeypatch.setenv("TINY_LLM_CACHE", str(tmp_path / "cache"))
     config = TINY_CONFIGS["llama-tied"]
