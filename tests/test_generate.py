@@ -73,6 +73,24 @@ def test_kv_cache_true_needs_a_model_with_a_cache():
         generate_step(mx.array([1, 2]), lambda tokens, cache=None: tokens, kv_cache=True)
 
 
+def test_prompt_progress_of_the_loop_without_a_cache_is_one_report():
+    """Week 1's loop runs the whole prompt in its first step: prompt_progress is called once,
+    as (L, L), before the first token; generate passes it on too."""
+    events = []
+    for response in stream_generate(CountingModel(), word_tokenizer(), [1, 2, 3, 4, 5], 2,
+                                    prompt_progress=lambda done, total: events.append((done, total))):
+        events.append(("token", response.token))
+    assert events == [(5, 5), ("token", 6), ("token", 7)]
+    seen = []
+    tiny_llm.generate(CountingModel(), word_tokenizer(), [1, 2, 3], 2, prompt_progress=lambda *a: seen.append(a))
+    assert seen == [(3, 3)]
+
+
+def test_a_prompt_progress_that_is_not_a_function_is_refused():
+    with pytest.raises(ValueError, match=r"prompt_progress must be None or a function of \(done, total\), got 3"):
+        next(stream_generate(CountingModel(), word_tokenizer(), [1, 2], 2, prompt_progress=3))
+
+
 class TurnsBad(CountingModel):
     """The counting rule for `good` calls, then logits of `value` everywhere."""
 

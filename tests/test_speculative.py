@@ -56,3 +56,22 @@ def test_stream_generate_refuses_mixed_options():
         list(tiny_llm.stream_generate(target, tok, [1], 3, draft_model=draft, sampler=lambda x: x))
     with pytest.raises(ValueError, match="makes its own caches"):
         list(tiny_llm.stream_generate(target, tok, [1], 3, prompt_lookup=True, kv_cache=False))
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_prompt_progress_follows_the_targets_prefill(drafter):
+    """The target prefills all but the last prompt token in chunks; the first round feeds
+    the last one: (4, 10), (8, 10), (9, 10), then (10, 10) before the first token."""
+    target, draft = models()
+    events = []
+    options = dict(draft_model=draft) if drafter == "model" else dict(prompt_lookup=True)
+    for response in tiny_llm.stream_generate(target, vocab_tokenizer(8), [1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 3,
+                                             prefill_step_size=4, **options,
+                                             prompt_progress=lambda done, total: events.append((done, total))):
+        events.append(("token", response.token))
+    assert events[:5] == [(4, 10), (8, 10), (9, 10), (10, 10), ("token", events[4][1])]
+    assert all(e[0] == "token" for e in events[4:])
+    seen = []
+    list(speculative_generate_step(mx.array([5]), target, draft, max_tokens=2,
+                                   prompt_progress=lambda done, total: seen.append((done, total))))
+    assert seen == [(1, 1)]

@@ -180,6 +180,38 @@ def test_a_given_prompt_cache_is_extended_in_place():
     assert cache[0].offset == 4 + 4  # the prompt and the 4 tokens fed back
 
 
+@pytest.mark.parametrize("step_size, reports", [
+    (4, [(4, 10), (8, 10), (9, 10), (10, 10)]),
+    (1, [(n, 10) for n in range(1, 11)]),
+    (100, [(9, 10), (10, 10)]),
+])
+def test_prefill_reports_each_evaluated_chunk_then_the_last_position(step_size, reports):
+    """progress(done, L) after each chunk (all but the last position go in chunks), then
+    (L, L) once the last position's logits are evaluated; the logits are the same."""
+    model, _ = tiny_model("qwen2-untied", seed=4)
+    tokens = mx.random.randint(0, model.args.vocab_size, (2, 10), key=mx.random.key(6))
+    seen = []
+    last = prefill(model, tokens, model.make_cache(), step_size, lambda done, total: seen.append((done, total)))
+    assert seen == reports
+    close(last, prefill(model, tokens, model.make_cache(), step_size), atol=1e-6)
+
+
+def test_generate_step_reports_the_prefill_before_the_first_token():
+    """prompt_progress sees the prefill of the prompt it is given (a prompt_cache's earlier
+    positions are not counted), all of it before the first token comes out."""
+    events = []
+    steps = generate_step(mx.arange(1, 11), CachedCountingModel(), max_tokens=2, prefill_step_size=4,
+                          kv_cache=True, prompt_progress=lambda done, total: events.append((done, total)))
+    events += [("token", t) for t, _ in steps]
+    assert events == [(4, 10), (8, 10), (9, 10), (10, 10), ("token", 3), ("token", 4)]
+    model, _ = tiny_model("llama-tied", seed=2)
+    cache, seen = model.make_cache(), []
+    list(generate_step(mx.array([1, 2, 3, 4]), model, max_tokens=2, prompt_cache=cache))
+    list(generate_step(mx.array([5, 6, 7]), model, max_tokens=2, prompt_cache=cache, prefill_step_size=4,
+                       prompt_progress=lambda done, total: seen.append((done, total))))
+    assert seen == [(2, 3), (3, 3)]
+
+
 # ---- the real default model -------------------------------------------------------------------
 
 PROMPTS = ["def fibonacci(n):", "Once upon a time, in a small village,"]

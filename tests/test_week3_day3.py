@@ -276,6 +276,23 @@ def test_a_chat_of_five_turns_prefills_only_each_new_turn():
         conversation += reply
 
 
+def test_prompt_progress_counts_only_the_tokens_not_found_in_the_cache():
+    """A prompt of 16 tokens whose first 10 are cached: prompt_progress sees a prefill of
+    the other 6 (chunks of 4: all but the last token in chunks, then the last)."""
+    model, _ = tiny_model("llama-tied", seed=5)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    cache, first, seen = PrefixCache(PagePool(4)), list(range(1, 11)), []
+    list(tiny_llm.stream_generate(model, tok, first, 1, prefix_cache=cache, prefill_step_size=4,
+                                  prompt_progress=lambda done, total: seen.append((done, total))))
+    assert seen == [(4, 10), (8, 10), (9, 10), (10, 10)]
+    seen.clear()
+    out = list(tiny_llm.stream_generate(model, tok, first + [11, 12, 13, 14, 15, 16], 1, prefix_cache=cache,
+                                        prefill_step_size=4,
+                                        prompt_progress=lambda done, total: seen.append((done, total))))
+    assert out[0].cached_tokens == 10
+    assert seen == [(4, 6), (5, 6), (6, 6)]
+
+
 def test_default_model_reuses_the_system_prompt_and_answers_the_same(default_model):
     """The real model: two questions under one system message, greedy. The second takes
     every token the two prompts share from the cache, and its answer is the one it gets

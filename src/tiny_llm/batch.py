@@ -22,10 +22,11 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
+from .caches import make_prompt_cache
 from .defaults import MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, TEMPERATURE
 from .kv_cache import BatchKVCache
 from .model import Model, check_context, heads_share, prefill, prompt_array, vocab_size
-from .paged_cache import BlockTable, PagedKVCache, PagePool, check_page_size, paged_cache_implemented, paged_views
+from .paged_cache import BlockTable, PagedKVCache, PagePool, check_page_size, paged_cache_implemented
 from .prefix_cache import PrefixCache, check_budget, prefix_cache_implemented
 from .sampler import Sampler, SamplingParams
 from .sampler.checks import RowError, check_int
@@ -307,7 +308,7 @@ class BatchGenerator:
         new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
         prompts, copies = distinct([r.prompt for r in new])  # equal prompts are prefilled once
         tokens, padding = left_pad(prompts)
-        cache = [BatchKVCache(padding) for _ in self.model.layers]
+        cache = make_prompt_cache(self.model, padding=padding)
         logits = prefill(self.model, tokens, cache, self.prefill_step_size)
         if len(prompts) < len(new):
             for c in cache:
@@ -331,7 +332,7 @@ class BatchGenerator:
         start = time.perf_counter()
         free = self.max_batch_size - len(self._rows)
         new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        layers, first, rows = len(self.model.layers), {}, []
+        first, rows = {}, []
         for r in new:
             twin = first.get(tuple(r.prompt))
             if twin is not None:  # the same prompt: the same pages and logits
@@ -341,14 +342,14 @@ class BatchGenerator:
             first[tuple(r.prompt)] = len(rows)
             r.table = self.prefix_cache.lookup(r.prompt) if self.prefix_cache else BlockTable(self.pool)
             r.cached_tokens = r.table.length
-            cache = paged_views(self.pool, layers, [r.table])
+            cache = make_prompt_cache(self.model, pool=self.pool, tables=[r.table])
             rows.append(prefill(self.model, mx.array(r.prompt[r.table.length:])[None], cache, self.prefill_step_size))
             mx.eval(rows[-1])
             if self.prefix_cache is not None:
                 self.prefix_cache.insert(r.table, r.prompt, full_pages_only=True)
             self.stats.prompt_tokens += len(r.prompt) - r.cached_tokens
             self.stats.cached_tokens += r.cached_tokens
-        cache = paged_views(self.pool, layers, [r.table for r in new])
+        cache = make_prompt_cache(self.model, pool=self.pool, tables=[r.table for r in new])
         logits, sampler = mx.concatenate(rows), Sampler.concat([r.sampler for r in new])
         if self._rows:
             self._join(new, cache, sampler, logits)

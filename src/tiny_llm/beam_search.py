@@ -38,9 +38,10 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from .caches import make_prompt_cache
 from .defaults import PREFILL_STEP_SIZE
 from .model import Cache, CachedModel, Model, check_context, prefill, prompt_array
-from .paged_cache import BlockTable, PagedKVCache, PagePool, paged_cache_implemented, paged_views, reorder
+from .paged_cache import BlockTable, PagedKVCache, PagePool, paged_cache_implemented, reorder
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
@@ -162,7 +163,7 @@ def beam_search(
         raise ValueError("paged=True needs a model with layers (tiny_llm.model.Model)")
     if paged:
         pages = PagePool()
-        cache = paged_views(pages, len(model.layers), [BlockTable(pages)])
+        cache = make_prompt_cache(model, pool=pages, tables=[BlockTable(pages)])
     else:
         cache = model.make_cache()
     logits = prefill(model, prompt[None], cache, prefill_step_size)  # 1, V

@@ -2,22 +2,23 @@
 
 `generate_step` yields `(token, logprobs)`; `stream_generate` adds detokenized text and
 statistics; `generate` returns the whole text. Names and meanings follow `mlx_lm.generate`.
+What `stream_generate` runs around `generate_step` (checks, the prefix cache's pages,
+speculative decoding, the sampling engine, the responses) is the engine's, in
+`tiny_llm.streaming`.
 """
 
-import time
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE
-from .model import Cache, CachedModel, Model, check_context, prefill, prompt_array
+from .model import Cache, CachedModel, Progress, check_progress, prefill
 from .progress import implemented
 from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
-from .tokenizer import StreamingDetokenizer, Tokenizer
+from .streaming import GenerationResponse, choose_tokens, open_request, speculative_steps
+from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # week 3 loads only when speculative decoding or the prefix cache is asked for
     from .prefix_cache import PrefixCache
@@ -26,32 +27,6 @@ if TYPE_CHECKING:  # week 3 loads only when speculative decoding or the prefix c
 # Week 1's loop runs any function of `tokens [B, L]` to logits `[B, L, V]`; the cached loop
 # needs a `CachedModel`.
 LogitsFunction = Callable[[mx.array], mx.array]
-
-
-@dataclass(frozen=True)
-class GenerationResponse:
-    """One step of `stream_generate`.
-
-    `text` is the newly released text (may be empty while a character is incomplete);
-    `logprobs [V]` are the model's log-probabilities for this step, after the logits
-    processors and before the sampler's filters. Rates are tokens per second; `peak_memory`
-    is in GB. `finish_reason` is `"stop"` (an end-of-sequence token), `"length"`
-    (`max_tokens` reached) or None while generation goes on. Of the `prompt_tokens`,
-    `cached_tokens` came from a prefix cache; `prompt_tps` counts the others.
-    """
-
-    text: str
-    token: int
-    logprobs: mx.array
-    from_draft: bool
-    prompt_tokens: int
-    prompt_tps: float
-    time_to_first_token: float
-    generation_tokens: int
-    generation_tps: float
-    peak_memory: float
-    finish_reason: str | None = None
-    cached_tokens: int = 0
 
 
 def generate_step(
@@ -64,6 +39,7 @@ def generate_step(
     prompt_cache: list[Cache] | None = None,
     prefill_step_size: int = PREFILL_STEP_SIZE,
     kv_cache: bool | None = None,
+    prompt_progress: Progress | None = None,
 ) -> Generator[tuple[int, mx.array], None, None]:
     """Yield `(token, logprobs [V])` for up to `max_tokens` tokens (-1: no limit).
 
@@ -79,10 +55,17 @@ def generate_step(
     The cached loop runs one step ahead: when the caller stops early (at an end-of-sequence
     token), that last token has already been fed to `prompt_cache`; after `max_tokens` it
     has not.
+
+    `prompt_progress(done, total)`, if given, follows the prefill of the `total = L` prompt
+    tokens: the cached loop calls it after each chunk is evaluated (`done` positions are in
+    the cache; all but the last token go in chunks) and last as `(L, L)` once the last
+    token's logits are evaluated; week 1's loop, which runs the whole prompt in its first
+    step, calls it once, as `(L, L)`, when the first token is ready.
     """
     sampler = sampler or greedy_sampler
     processors = list(logits_processors or [])
     prefill_step_size = check_int("prefill_step_size", prefill_step_size, minimum=1)
+    prompt_progress = check_progress(prompt_progress)
     cacheable = isinstance(model, CachedModel)
     if kv_cache and prompt_cache is None and not cacheable:
         raise ValueError("kv_cache=True needs a model with make_cache() (a CachedModel) or a prompt_cache")
@@ -91,9 +74,19 @@ def generate_step(
     if prompt_cache is None and kv_cache and cacheable:
         prompt_cache = model.make_cache()
     if prompt_cache is None:
-        return _recompute_steps(prompt, model, max_tokens=max_tokens, sampler=sampler, processors=processors)
+        steps = _recompute_steps(prompt, model, max_tokens=max_tokens, sampler=sampler, processors=processors)
+        return steps if prompt_progress is None else _with_first_report(steps, prompt.size, prompt_progress)
     return _cached_steps(prompt, model, prompt_cache, max_tokens=max_tokens, step_size=prefill_step_size,
-                         sampler=sampler, processors=processors)
+                         sampler=sampler, processors=processors, progress=prompt_progress)
+
+
+def _with_first_report(steps: Iterable[tuple[int, mx.array]], total: int,
+                       progress: Progress) -> Generator[tuple[int, mx.array], None, None]:
+    """`steps`, calling `progress(total, total)` when the first one is ready."""
+    for n, step in enumerate(steps):
+        if n == 0:
+            progress(total, total)
+        yield step
 
 
 def next_token(
@@ -125,13 +118,13 @@ def _recompute_steps(prompt, model, *, max_tokens, sampler, processors):
     # END SOLUTION
 
 
-def _cached_steps(prompt, model, cache, *, max_tokens, step_size, sampler, processors):
-    """Week 2: prefill once, then one token per step. The next step's graph is built and
-    started (`mx.async_eval`) before the current token is handed out, so the model works
-    while the caller handles the token."""
+def _cached_steps(prompt, model, cache, *, max_tokens, step_size, sampler, processors, progress=None):
+    """Week 2: prefill once (reporting to `progress`, see `prefill`), then one token per
+    step. The next step's graph is built and started (`mx.async_eval`) before the current
+    token is handed out, so the model works while the caller handles the token."""
     # BEGIN SOLUTION week2-day2
     tokens = prompt
-    token, logprobs = next_token(tokens, prefill(model, prompt[None], cache, step_size), sampler, processors)
+    token, logprobs = next_token(tokens, prefill(model, prompt[None], cache, step_size, progress), sampler, processors)
     mx.async_eval(token, logprobs)
     n = 0
     while True:
@@ -188,6 +181,7 @@ def stream_generate(
     num_draft_tokens: int = NUM_DRAFT_TOKENS,
     speculative_stats: "SpeculativeStats | None" = None,
     prefix_cache: "PrefixCache | None" = None,
+    prompt_progress: Progress | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -196,154 +190,41 @@ def stream_generate(
     `make_sampler`) and `logits_processors`, or with the sampling engine: `params` (a
     `SamplingParams`, or a `Sampler` to keep its state and statistics), which sees the whole
     history (prompt and generated tokens) for its penalties. `prompt_cache`,
-    `prefill_step_size` and `kv_cache` are passed to `generate_step`.
+    `prefill_step_size`, `kv_cache` and `prompt_progress` are passed to `generate_step`.
 
     Speculative decoding (`tiny_llm.speculative`): pass a `draft_model`, or
     `prompt_lookup=True` to draft from n-grams of the text so far, with `params` (a
     `SamplingParams`; default greedy) and `num_draft_tokens` per round. The tokens have
     exactly the distribution they would have without speculation; `from_draft` tells which
     came from the drafter. `speculative_stats` (a `SpeculativeStats`) collects the
-    acceptance counts.
+    acceptance counts. `prompt_progress` follows the target model's prefill as in
+    `generate_step`: all but the last prompt token in chunks, then `(L, L)` once the first
+    round, which feeds the last one, is evaluated.
 
     `prefix_cache` (a `tiny_llm.prefix_cache.PrefixCache`, week 3 day 3): the prompt's
-    start is taken from the pages of earlier generations, only the rest is prefilled, and
-    the pages of this one are kept for later ones (a chat passes one cache to every turn).
+    start is taken from the pages of earlier generations, only the rest is prefilled (the
+    `total` that `prompt_progress` sees), and the pages of this one are kept for later ones
+    (a chat passes one cache to every turn).
     """
-    max_tokens = check_int("max_tokens", max_tokens, minimum=-1)
-    if max_tokens == 0:
-        raise ValueError("max_tokens must be positive or -1 (no limit), got 0")
-    prompt = prompt_array(prompt, tokenizer)
-    cached = prompt_cache[0].offset if prompt_cache else 0  # positions the cache holds already
-    max_tokens = check_context(model, cached + prompt.size, max_tokens)
-    table, reused = None, 0  # with a prefix cache: the prompt's pages, and how many positions were found
-    if prefix_cache is not None:
-        if prompt_cache is not None or kv_cache is False or draft_model is not None or prompt_lookup:
-            raise ValueError("prefix_cache makes the cache itself: it does not combine with prompt_cache, "
-                             "kv_cache=False or speculative decoding")
-        if not isinstance(model, Model):
-            raise ValueError("prefix_cache needs a model with layers and make_cache() (tiny_llm.model.Model)")
-        from .paged_cache import paged_views
-
-        table = prefix_cache.lookup(prompt.tolist())
-        reused = table.length
-        prompt_cache = paged_views(prefix_cache.pool, len(model.layers), [table])
-        if logits_processors:  # they see the whole history, also the part not prefilled
-            head = prompt[:reused]
-            logits_processors = [lambda tokens, logits, p=p: p(mx.concatenate([head, tokens]), logits)
-                                 for p in logits_processors]
-
-    if draft_model is not None or prompt_lookup:
-        from .speculative import speculative_generate_step
-
-        if draft_model is not None and prompt_lookup:
-            raise ValueError("pass either draft_model or prompt_lookup=True, not both")
-        if sampler is not None or logits_processors or not isinstance(params, SamplingParams | None):
-            raise ValueError("speculative decoding takes params=SamplingParams(...), not sampler, "
-                             "logits_processors or a Sampler")
-        if prompt_cache is not None or kv_cache is False:
-            raise ValueError("speculative decoding makes its own caches: prompt_cache and "
-                             "kv_cache=False do not apply")
-        steps = speculative_generate_step(
-            prompt, model, draft_model, num_draft_tokens=num_draft_tokens, params=params,
-            max_tokens=max_tokens if max_tokens > 0 else 2**62, prefill_step_size=prefill_step_size,
-            stats=speculative_stats, tokenizer=tokenizer,
-        )
-    else:
-        if params is not None:
-            if sampler is not None:
-                raise ValueError("pass either sampler or params, not both")
-            sampler, recorder, confirmed = _engine_sampler(params, tokenizer, prompt.tolist())
-            logits_processors = [*(logits_processors or []), recorder]
-        steps = ((token, logprobs, False) for token, logprobs in generate_step(
-            prompt[reused:], model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
-            prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
-        ))
-        if params is not None:
-            steps = confirmed(steps)
-
-    if table is None:
-        yield from _responses(steps, tokenizer, prompt, max_tokens, reused)
-        return
-    fed = prompt.tolist()  # the table holds the keys and values of a start of these tokens
-    try:
-        for response in _responses(steps, tokenizer, prompt, max_tokens, reused):
-            fed.append(response.token)
-            yield response
-    finally:  # also when the caller stops early: the pages are kept for the next prompt
-        prefix_cache.release(table, fed)
-
-
-def _responses(steps, tokenizer: Tokenizer, prompt: mx.array, max_tokens: int,
-               reused: int) -> Generator[GenerationResponse, None, None]:
-    """`stream_generate`'s responses for the `(token, logprobs, from_draft)` of `steps`."""
-    detokenizer = StreamingDetokenizer(tokenizer)
-    eos = tokenizer.eos_token_ids
-    mx.reset_peak_memory()
-    start = time.perf_counter()
-    ttft = prompt_tps = 0.0
-    decode_start = start
-    for n, (token, logprobs, from_draft) in enumerate(steps):
-        if n == 0:
-            ttft = time.perf_counter() - start
-            prompt_tps = (prompt.size - reused) / ttft
-            decode_start = time.perf_counter()
-        finish = "stop" if token in eos else ("length" if n + 1 == max_tokens else None)
-        text = detokenizer.step(token, finish)  # the end-of-sequence token itself is not shown
-        elapsed = time.perf_counter() - decode_start
-        yield GenerationResponse(
-            text=text,
-            token=token,
-            logprobs=logprobs,
-            from_draft=from_draft,
-            prompt_tokens=prompt.size,
-            prompt_tps=prompt_tps,
-            time_to_first_token=ttft,
-            generation_tokens=n + 1,
-            # The first token belongs to the prefill: the rate counts the tokens after it.
-            generation_tps=n / elapsed if n and elapsed > 0 else 0.0,
-            peak_memory=mx.get_peak_memory() / 1e9,
-            finish_reason=finish,
-            cached_tokens=reused,
-        )
-        if finish:
-            return
-
-
-def _engine_sampler(
-    params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]
-) -> tuple[SamplerFunction, LogitsProcessor, Callable[[Iterable], Iterator]]:
-    """Adapt the engine to generate_step: a last logits processor hands it the logits (its
-    repetition penalty acts on logits, not on normalised log-probabilities), and the
-    sampler keeps the history. The engine samples lazily where it can
-    (`Sampler.sample_lazily`), so the next step of the model is queued before the host
-    waits for this one's token, as with a sampler function; the third function wraps the
-    steps and confirms each token before it is handed on."""
-    engine = params if isinstance(params, Sampler) else Sampler(params, tokenizer)
-    history = list(prompt)
-    needs_history = engine.needs_history
-    seen: list[mx.array] = []
-    drawn: list[mx.array] = []  # tokens sampled, not yet in `history`
-    checks: deque[Callable[[], None]] = deque()
-
-    def record(_tokens: mx.array, logits: mx.array) -> mx.array:
-        seen[:] = [logits]
-        return logits
-
-    def sample(_logprobs: mx.array) -> mx.array:
-        if needs_history:  # the penalties look at every token so far
-            history.extend(int(t.item()) for t in drawn)
-            drawn.clear()
-        token, confirm = engine.sample_lazily(seen[0], [history] if needs_history else None)
-        drawn.append(token)
-        checks.append(confirm)
-        return token
-
-    def confirmed(steps: Iterable) -> Iterator:
-        for step in steps:
-            checks.popleft()()
-            yield step
-
-    return sample, record, confirmed
+    speculative = draft_model is not None or prompt_lookup
+    with open_request(model, tokenizer, prompt, max_tokens, prompt_cache=prompt_cache, kv_cache=kv_cache,
+                      prefix_cache=prefix_cache, speculative=speculative) as request:
+        if speculative:
+            steps = speculative_steps(
+                request, model, tokenizer, draft_model=draft_model, prompt_lookup=prompt_lookup, params=params,
+                sampler=sampler, logits_processors=logits_processors, kv_cache=kv_cache,
+                num_draft_tokens=num_draft_tokens, prefill_step_size=prefill_step_size, stats=speculative_stats,
+                prompt_progress=prompt_progress,
+            )
+        else:
+            choice = choose_tokens(request, tokenizer, sampler=sampler, logits_processors=logits_processors,
+                                   params=params)
+            steps = choice.steps(generate_step(
+                request.prompt[request.reused:], model, max_tokens=request.max_tokens, sampler=choice.sampler,
+                logits_processors=choice.processors, prompt_cache=request.cache, prefill_step_size=prefill_step_size,
+                kv_cache=kv_cache, prompt_progress=prompt_progress,
+            ))
+        yield from request.responses(steps, tokenizer)
 
 
 def generate(
@@ -363,11 +244,12 @@ def generate(
     num_draft_tokens: int = NUM_DRAFT_TOKENS,
     speculative_stats: "SpeculativeStats | None" = None,
     prefix_cache: "PrefixCache | None" = None,
+    prompt_progress: Progress | None = None,
 ) -> str:
     """The whole text `stream_generate` produces with these arguments."""
     return "".join(r.text for r in stream_generate(
         model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=logits_processors,
         params=params, prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
         draft_model=draft_model, prompt_lookup=prompt_lookup, num_draft_tokens=num_draft_tokens,
-        speculative_stats=speculative_stats, prefix_cache=prefix_cache,
+        speculative_stats=speculative_stats, prefix_cache=prefix_cache, prompt_progress=prompt_progress,
     ))

@@ -356,9 +356,9 @@ class Qwen2Model:
 
     def make_cache(self) -> list[KVCache]:
         """One empty `KVCache` per layer, for `__call__(tokens, cache=...)`."""
-        from .kv_cache import KVCache
+        from .caches import make_prompt_cache
 
-        return [KVCache() for _ in self.layers]
+        return make_prompt_cache(self)
 
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         """`tokens [B, L]` -> logits `[B, L, V]`.

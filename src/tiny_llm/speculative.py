@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from .distributed import fresh_seed
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
-from .model import CachedModel, prefill, vocab_size
+from .model import CachedModel, Progress, check_progress, prefill, vocab_size
 from .sampler import Sampler, SamplingParams, rng
 from .sampler.draw import inverse_cdf
 from .sampler.checks import check_int
@@ -102,6 +102,7 @@ def speculative_generate_step(
     prefill_step_size: int = PREFILL_STEP_SIZE,
     stats: SpeculativeStats | None = None,
     tokenizer: Tokenizer | None = None,
+    prompt_progress: Progress | None = None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield `(token, logprobs [V], from_draft)` for up to `max_tokens` tokens.
 
@@ -111,12 +112,16 @@ def speculative_generate_step(
     decode step). `params`: the sampling parameters both
     distributions go through (default greedy); with temperature 0 the tokens are exactly
     the target's greedy tokens. `logprobs` are the target's log-softmax at that position.
-    `stats`, if given, is filled in as generation goes.
+    `stats`, if given, is filled in as generation goes. `prompt_progress(done, total)`, if
+    given, follows the target's prefill of the `total = L` prompt tokens as in
+    `generate_step`: all but the last token in chunks, then `(L, L)` once the first round,
+    which feeds the last one, is evaluated.
     """
     num_draft_tokens = check_int("num_draft_tokens", num_draft_tokens, minimum=1)
     max_tokens = check_int("max_tokens", max_tokens, minimum=1)
     ngram = check_int("ngram", ngram, minimum=1)
     min_ngram = check_int("min_ngram", min_ngram, minimum=1)
+    prompt_progress = check_progress(prompt_progress)
     params = SamplingParams(temperature=TEMPERATURE) if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -140,10 +145,11 @@ def speculative_generate_step(
         raise ValueError(f"prompt must be a non-empty sequence of token ids, got shape {prompt.shape}")
     return _speculate(prompt, model, draft_model, gamma=num_draft_tokens, params=params, max_tokens=max_tokens,
                       ngrams=(min_ngram, ngram), step_size=prefill_step_size, stats=stats or SpeculativeStats(),
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, progress=prompt_progress)
 
 
-def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams, step_size, stats, tokenizer):
+def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams, step_size, stats, tokenizer,
+               progress):
     engine = Sampler(params, tokenizer)
     seed = params.seed if params.seed is not None else fresh_seed()
     counter = 0
@@ -161,8 +167,10 @@ def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams,
 
     history = prompt.tolist()
     cache = model.make_cache()
-    if prompt.size > 1:
-        prefill(model, prompt[None, :-1], cache, step_size)
+    L = prompt.size
+    if L > 1:  # the last prompt token goes with the first round
+        prefill(model, prompt[None, :-1], cache, step_size,
+                None if progress is None else lambda done, _: progress(done, L))
     draft_cache = draft_model.make_cache() if draft_model is not None else None
     pending = prompt.tolist()  # tokens the draft model has not seen yet
     emitted = 0
@@ -188,6 +196,8 @@ def _speculate(prompt, model, draft_model, *, gamma, params, max_tokens, ngrams,
                                                 uniforms(len(drafts) + 1)[None])
             n = int(accepted.item())
             out = tokens[0, : n + 1].tolist()
+        if progress is not None and emitted == 0:  # the first round fed the last prompt token
+            progress(L, L)
         stats.rounds += 1
         stats.drafted += len(drafts)
         stats.accepted += n
