@@ -5,6 +5,7 @@ import asyncio
 
 from conftest import generate_alone, tiny_model, vocab_tokenizer
 
+from tiny_llm.defaults import BatchSettings
 from tiny_llm.sampler import SamplingParams
 from tiny_llm.serve.engine import Engine, Event
 from tiny_llm.serve.metrics import Metrics
@@ -39,7 +40,7 @@ def test_a_job_that_hits_a_bug_fails_alone(monkeypatch):
         raise RuntimeError("broken parser")
 
     monkeypatch.setattr(ToolCallText, "feed", broken)
-    engine = Engine(model, tok, max_batch_size=4, max_queue=8, prefill_step_size=16, metrics=Metrics())
+    engine = Engine(model, tok, BatchSettings(max_batch_size=4, prefill_step_size=16), max_queue=8, metrics=Metrics())
     params = SamplingParams(temperature=0.9, seed=5)
     jobs = [Job("completion", "m", [3, 4, 5], 6, [params], tools=True),
             Job("completion", "m", [7, 8], 6, [params])]

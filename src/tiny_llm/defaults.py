@@ -1,6 +1,8 @@
 """Engine — the defaults of generation, each written once: the library's signatures and the
 command line's flags read them from here, so the two cannot disagree."""
 
+from dataclasses import asdict, dataclass
+
 MAX_TOKENS = 256  # new tokens per request when the caller does not say (mlx-lm's default)
 
 # Prompt positions per prefill chunk (mlx-lm's default): bounds the attention scores' memory.
@@ -24,3 +26,21 @@ PAGE_SIZE = 16
 # Bytes of keys and values the prefix cache keeps for requests that have finished (week 3
 # day 3); pages in use do not count. 0 turns the prefix cache off.
 PREFIX_CACHE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How a batch runs, as `BatchGenerator` takes it (its keyword arguments, by the same
+    names): rows that decode together, prompt positions per prefill chunk, positions per
+    page, and the prefix cache's budget in bytes (None: `PREFIX_CACHE_BYTES` once its day
+    is done; 0: off). The command line makes one from its flags; the server, its lockstep
+    ranks and `BatchGenerator` take it whole. `BatchGenerator` checks the values."""
+
+    max_batch_size: int = MAX_BATCH_SIZE
+    prefill_step_size: int = PREFILL_STEP_SIZE
+    page_size: int = PAGE_SIZE
+    prefix_cache_bytes: int | None = None
+
+    def kwargs(self) -> dict:
+        """The settings as `BatchGenerator`'s keyword arguments."""
+        return asdict(self)

@@ -25,6 +25,7 @@ computed once and kept in a table, so the automaton turns into a DFA as it is us
 
 from __future__ import annotations
 
+import json
 from collections import deque
 
 import numpy as np
@@ -779,6 +780,29 @@ class Grammar:
             return cls(regex_to_gbnf(pattern))
         except NoTextError:
             raise NoTextError(f"regex: {pattern!r} matches no text") from None
+
+    KINDS = ("grammar", "regex", "json_schema")
+
+    @classmethod
+    def from_kind(cls, kind: str, value) -> Grammar:
+        """The grammar of a request's constraint by its kind: "grammar" (GBNF text), "regex"
+        (a pattern) or "json_schema" (a schema: an object, a boolean or its JSON text).
+        `ValueError` for an unknown kind, a value of the wrong type, or one that does not
+        parse (the message does not name the field: the caller knows its own name for it)."""
+        if kind not in cls.KINDS:
+            raise ValueError(f"a constraint's kind is one of {', '.join(cls.KINDS)}, got {kind!r}")
+        if kind == "json_schema":
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"is not valid JSON: {e}") from None
+            if not isinstance(value, dict | bool):
+                raise ValueError(f"must be a JSON schema object, got {value!r}"[:300])
+            return cls.from_json_schema(value)
+        if not isinstance(value, str):
+            raise ValueError(f"must be text, got {value!r}"[:300])
+        return cls.from_gbnf(value) if kind == "grammar" else cls.from_regex(value)
 
     def matches_only_empty(self) -> bool:
         """Whether the empty text is the one sentence of the grammar: nothing to generate."""

@@ -9,22 +9,18 @@
 prompt and forces calls with a grammar, `metrics` counts for Prometheus.
 """
 
-from ..defaults import PAGE_SIZE
+from ..defaults import BatchSettings
 from .app import Server, create_app
 from .engine import Engine
 from .metrics import Metrics
 from .protocol import Context
 
 
-def build(model, tokenizer, *, model_ids: tuple[str, ...], max_batch_size: int, max_queue: int,
-          prefill_step_size: int, api_key: str | None = None, max_prompt_tokens: int | None = None,
-          page_size: int = PAGE_SIZE, prefix_cache_bytes: int | None = None, group=None) -> Server:
+def build(model, tokenizer, *, model_ids: tuple[str, ...], settings: BatchSettings, max_queue: int,
+          api_key: str | None = None, max_prompt_tokens: int | None = None, group=None) -> Server:
     """A `Server` for a loaded model: its engine thread (not started yet) and settings.
     `group`: the ranks that hold the model's other shards (they `lockstep.follow`)."""
-    metrics = Metrics()
-    engine = Engine(model, tokenizer, max_batch_size=max_batch_size, max_queue=max_queue,
-                    prefill_step_size=prefill_step_size, metrics=metrics, page_size=page_size,
-                    prefix_cache_bytes=prefix_cache_bytes, group=group)
+    engine = Engine(model, tokenizer, settings, max_queue=max_queue, metrics=Metrics(), group=group)
     ctx = Context(tokenizer, model_ids, model.args.max_position_embeddings or None, model.args.vocab_size,
                   max_prompt_tokens)
     return Server(engine, ctx, api_key=api_key)

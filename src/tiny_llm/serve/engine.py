@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..batch import BatchGenerator, TokenLogprobs
 from ..constrain import TokenTable
-from ..defaults import PAGE_SIZE
+from ..defaults import BatchSettings
 from ..distributed import lost_peer
 from ..model import Model
 from ..tokenizer import Tokenizer
@@ -83,13 +83,11 @@ class Engine:
     """Owns the model and a `BatchGenerator` on a thread of its own. `submit` and `cancel`
     may be called from any thread."""
 
-    def __init__(self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_queue: int,
-                 prefill_step_size: int, metrics: Metrics, page_size: int = PAGE_SIZE,
-                 prefix_cache_bytes: int | None = None, group: mx.distributed.Group | None = None):
+    def __init__(self, model: Model, tokenizer: Tokenizer, settings: BatchSettings, *, max_queue: int,
+                 metrics: Metrics, group: mx.distributed.Group | None = None):
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.group = group  # ranks that run every operation with this one (tensor parallelism)
-        self.max_batch_size, self.max_queue, self.prefill_step_size = max_batch_size, max_queue, prefill_step_size
-        self.page_size, self.prefix_cache_bytes = page_size, prefix_cache_bytes
+        self.settings, self.max_queue = settings, max_queue
         self.gen = self._generator()
         self.table = TokenTable.from_tokenizer(tokenizer)  # built once, before any grammar needs it
         self.queued = 0  # jobs waiting for a batch row (submitted, not yet in the batch)
@@ -101,11 +99,9 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="tiny-llm-engine", daemon=True)
 
     def _generator(self) -> "BatchGenerator | Leader":
-        settings = dict(max_batch_size=self.max_batch_size, prefill_step_size=self.prefill_step_size,
-                        page_size=self.page_size, prefix_cache_bytes=self.prefix_cache_bytes)
         if self.group is not None:
-            return Leader(self.group, self.model, self.tokenizer, **settings)
-        return BatchGenerator(self.model, self.tokenizer, **settings)
+            return Leader(self.group, self.model, self.tokenizer, self.settings)
+        return BatchGenerator(self.model, self.tokenizer, **self.settings.kwargs())
 
     # ---- any thread --------------------------------------------------------------------------
 

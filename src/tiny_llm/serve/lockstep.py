@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..batch import BatchGenerator
+from ..defaults import BatchSettings
 
 HEARTBEAT = 5.0  # seconds: an idle leader pings the other ranks this often, so that it notices one that died
 
@@ -41,10 +42,10 @@ def _exchange(group: mx.distributed.Group, data: bytes | None) -> bytes:
 class Leader:
     """Rank 0's `BatchGenerator`, whose operations every other rank runs too."""
 
-    def __init__(self, group: mx.distributed.Group, model, tokenizer, **settings):
+    def __init__(self, group: mx.distributed.Group, model, tokenizer, settings: BatchSettings):
         self.group = group
-        send(group, ("new", (), settings))
-        self.gen = BatchGenerator(model, tokenizer, **settings)
+        send(group, ("new", (), settings.kwargs()))
+        self.gen = BatchGenerator(model, tokenizer, **settings.kwargs())
 
     def insert(self, *args, **kwargs) -> int:
         send(self.group, ("insert", args, kwargs))

@@ -6,21 +6,17 @@ OpenAI's error shape and status 400 (404 for an unknown model).
 """
 
 import json
-import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
-from ..constrain import Grammar
 from ..defaults import MAX_TOKENS
+from ..requests import FieldError, GrammarCache, build_request, check_max_tokens, seeded
 from ..sampler import SamplingParams
 from ..sampler.checks import check_int
 from ..tokenizer import Tokenizer
 from .tools import ToolError, check_tool_choice, check_tools, conversation, tool_call_grammar
 
 MAX_CHOICES = 128
-MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 
 # OpenAI fields that change nothing here; accepted so that clients which send them work.
@@ -80,27 +76,6 @@ class Context:
         self.grammars = self.grammars or GrammarCache()
 
 
-class GrammarCache:
-    """Compiled grammars by source, so that requests with the same schema share one grammar
-    and its token masks (least recently used ones dropped beyond `size`)."""
-
-    def __init__(self, size: int = 64):
-        self.size = size
-        self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
-        self._lock = threading.Lock()  # requests are checked on several threads
-
-    def get(self, key: tuple, build: Callable[[], Grammar]) -> Grammar:
-        with self._lock:
-            grammar = self._grammars.get(key)
-            if grammar is None:
-                grammar = build()
-                self._grammars[key] = grammar
-                while len(self._grammars) > self.size:
-                    self._grammars.popitem(last=False)
-            self._grammars.move_to_end(key)
-            return grammar
-
-
 def parse(body, kind: str, ctx: Context) -> Job:
     """Check an OpenAI request body of `kind` ("chat" or "completion") and build its `Job`."""
     if not isinstance(body, dict):
@@ -139,14 +114,10 @@ def parse(body, kind: str, ctx: Context) -> Job:
 
     max_tokens = _max_tokens(body, kind, len(prompt), ctx)
     logprobs = _logprobs(body, kind)
-    grammar, constraint = _grammar(body, ctx, tools if tool_mode == "required" else None, forced)
     n = check_field("n", body.get("n", 1), lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
-    params = _sampling(body, grammar, constraint, logprobs, ctx)
-    if params.seed is not None and n > 1:  # choice i draws with seed + i: the choices differ
-        choices = [replace(params, seed=(params.seed + i) % 2**32) for i in range(n)]
-    else:
-        choices = [params] * n
-    return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, _stop(body.get("stop")), logprobs, stream,
+    request = _request(body, logprobs, _constraints(body, tools if tool_mode == "required" else None, forced), ctx)
+    choices = [seeded(request.params, i) for i in range(n)]  # choice i draws with seed + i: they differ
+    return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, list(request.stop), logprobs, stream,
                include_usage, tools=tool_mode != "none")
 
 
@@ -280,7 +251,7 @@ def _max_tokens(body: dict, kind: str, prompt_tokens: int, ctx: Context) -> int:
                            code="context_length_exceeded")
     if name is None:
         return MAX_TOKENS if room is None else min(MAX_TOKENS, room)
-    value = check_field(name, body[name], lambda v: check_int(name, v, minimum=1))
+    value = check_field(name, body[name], lambda v: check_max_tokens(v, name))
     if room is not None and value > room:
         raise RequestError(f"the prompt of {prompt_tokens} tokens plus {name}={value} exceeds the model's "
                            f"context of {ctx.context_length} tokens", name, code="context_length_exceeded")
@@ -304,21 +275,9 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return top
 
 
-def _stop(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
-            or len(stops) > MAX_STOP_STRINGS:
-        raise RequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them, "
-                           f"got {stop!r}", "stop")
-    return stops
-
-
-def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None,
-             forced_name: str | None) -> tuple[Grammar | None, str | None]:
-    """The grammar of `response_format`, a forced tool call, or the `grammar` / `regex` /
-    `json_schema` extensions (at most one of them), and the field it came from."""
+def _constraints(body: dict, forced_tools: list[dict] | None, forced_name: str | None) -> list[tuple]:
+    """The sources of a grammar besides the `grammar` / `regex` / `json_schema` extensions:
+    `response_format`, and a forced tool call."""
     given = []
     fmt = body.get("response_format")
     if fmt is not None:
@@ -333,80 +292,23 @@ def _grammar(body: dict, ctx: Context, forced_tools: list[dict] | None,
                 raise RequestError('response_format json_schema must be {"name": ..., "schema": {...}}',
                                    "response_format")
             given.append(("response_format", "json_schema", spec.get("schema", {})))
-    for name in ("grammar", "regex", "json_schema"):
-        if body.get(name) is not None:
-            given.append((name, name, body[name]))
     if forced_tools is not None:
-        given.append(("tool_choice", "tools", None))
-    if len(given) > 1:
-        raise RequestError(f"{given[0][0]} and {given[1][0]} each constrain the output; send one", given[1][0])
-    if not given:
-        return None, None
-    param, kind, value = given[0]
-    if kind == "tools":
-        key = ("tools", json.dumps(forced_tools, sort_keys=True), forced_name)
         build = lambda: tool_call_grammar(forced_tools, forced_name)  # noqa: E731
-    else:
-        if kind == "json_schema" and isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise RequestError(f"{param} is not valid JSON: {e}", param) from None
-        if kind != "json_schema" and not isinstance(value, str):
-            raise RequestError(f"{param} must be text, got {value!r}", param)
-        key = (kind, json.dumps(value, sort_keys=True))
-        build = {"grammar": lambda: Grammar.from_gbnf(value), "regex": lambda: Grammar.from_regex(value),
-                 "json_schema": lambda: Grammar.from_json_schema(value)}[kind]
+        given.append(("tool_choice", build, [forced_tools, forced_name]))
+    return given
+
+
+def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Context):
+    """The request's sampling parameters, grammar and stop strings (`tiny_llm.requests`)."""
+    given = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
+    given.setdefault("temperature", 1.0)  # OpenAI's default
+    for name in ("samplers", "order", "logit_bias", "stop", "grammar", "regex", "json_schema"):
+        if body.get(name) is not None:
+            given[name] = body[name]
+    given["logprobs"] = logprobs or 0
+    spell = {"order": "samplers" if "samplers" in body else "order"}.get
     try:
-        grammar = ctx.grammars.get(key, build)
-    except (ValueError, RecursionError) as e:
-        raise RequestError(f"{param}: {e}", param) from None
-    if grammar.matches_only_empty():
-        raise RequestError(f"{param} allows only the empty text: nothing to generate", param)
-    return grammar, param
-
-
-def _sampling(body: dict, grammar: Grammar | None, constraint: str | None, logprobs: int | None,
-              ctx: Context) -> SamplingParams:
-    values = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
-    values.setdefault("temperature", 1.0)  # OpenAI's default
-    if body.get("samplers") is not None and body.get("order") is not None:
-        raise RequestError("samplers and order name the same thing; send one", "order")
-    order = body.get("samplers", body.get("order"))
-    if order is not None:
-        values["order"] = tuple(order) if isinstance(order, list) else order
-    if body.get("logit_bias") is not None:
-        values["logit_bias"] = _logit_bias(body["logit_bias"])
-    if "dry_sequence_breakers" in values and isinstance(values["dry_sequence_breakers"], list):
-        values["dry_sequence_breakers"] = tuple(
-            tuple(b) if isinstance(b, list) else b for b in values["dry_sequence_breakers"])
-    if values.get("min_tokens"):
-        values["eos_token_ids"] = tuple(sorted(ctx.tokenizer.eos_token_ids))
-    values["logprobs"] = logprobs or 0
-    values["grammar"] = grammar
-    try:
-        params = SamplingParams(**values)
-        params.check_vocabulary(ctx.vocab_size)
-    except (ValueError, TypeError) as e:
-        message = str(e)
-        param = next((name for name in sorted(values, key=len, reverse=True) if message.startswith(name)), None)
-        # The request's own name for the field: `samplers`, or where the grammar came from.
-        param = {"order": "samplers" if "samplers" in body else "order", "grammar": constraint}.get(param, param)
-        raise RequestError(message, param) from None
-    return params
-
-
-def _logit_bias(bias) -> dict[int, float]:
-    """OpenAI's logit_bias: token ids (JSON keys are strings) to a bias in [-100, 100]."""
-    if not isinstance(bias, dict):
-        raise RequestError(f"logit_bias must be an object of token id to bias, got {bias!r}", "logit_bias")
-    out = {}
-    for key, value in bias.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise RequestError(f"logit_bias keys must be token ids (digits), got {key!r}", "logit_bias")
-        token = int(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
-            raise RequestError(f"logit_bias for token {key} must be a number in [-100, 100], got {value!r}",
-                               "logit_bias")
-        out[token] = -math.inf if value == -100 else float(value)
-    return out
+        return build_request(given, ctx.tokenizer, spell=lambda name: spell(name, name), vocab_size=ctx.vocab_size,
+                             constraints=constraints, grammars=ctx.grammars, openai_bias=True, verb="send")
+    except FieldError as e:
+        raise RequestError(str(e), e.field) from None
