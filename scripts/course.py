@@ -69,6 +69,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     # The server runs on the batch engine (week 2, days 4 and 5); its replies count the prompt
     # tokens found in the prefix cache (week 3, day 3).
     "tests/test_serve_text.py": (),
+    # One request builder: the command line's generate, chat and batch with --min-tokens.
+    "tests/test_requests.py": ("week2-day5",),
     "tests/test_serve.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_engine.py": ("week2-day5",),
     "tests/test_serve_default.py": ("week2-day5", "week3-day3"),

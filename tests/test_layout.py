@@ -143,22 +143,29 @@ def test_library_and_cli_agree_on_the_public_defaults():
         defaults.MAX_BATCH_SIZE
 
 
-def test_the_cli_wrapper_offers_the_model_contract_as_attributes():
-    """The command line's prefill-progress wrapper passes `isinstance(..., Model)` without
-    `__getattr__`: from Python 3.12 on, a protocol check sees only real attributes."""
-    from tiny_llm.cli import _PrefillProgress
-    from tiny_llm.model import Model
+def mapped_modules(chapter: str) -> set[str]:
+    """The modules the layer table of `engine-core.md` names: in a row, a `pkg/` entry opens
+    a package and the bare names after it are its modules (`__init__` is the package);
+    names in parentheses say what a module holds."""
+    table = chapter.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for row in (line for line in table.splitlines() if line.startswith("| ") and "---" not in line):
+        package = ""
+        cell = re.sub(r"\([^()]*\)", "", row.split("|")[2])  # what a module holds is said in parentheses
+        for entry in re.findall(r"`([^`]+)`", cell):
+            if entry.endswith("/"):
+                package = entry.rstrip("/")
+                named.add(package)
+            elif re.fullmatch(r"\w+(\.py)?", entry):
+                name = entry.removesuffix(".py")
+                named.add(package if name == "__init__" else ".".join(filter(None, [package, name])))
+    return named
 
-    class Stand:
-        args, layers = object(), [object()]
 
-        def __call__(self, tokens, cache=None):
-            return tokens
-
-        def make_cache(self):
-            return []
-
-    wrapper = _PrefillProgress(Stand(), total=4, live=False, verbose=False)
-    for name in ("args", "layers", "make_cache", "__call__"):
-        inspect.getattr_static(wrapper, name)  # raises AttributeError if only __getattr__ has it
-    assert isinstance(wrapper, Model)
+def test_the_chapter_on_the_core_maps_every_module():
+    """`book/docs/engine-core.md`'s layer table names every module of the package, and
+    nothing that is not one: a new module is placed in a layer when it is added."""
+    modules = {module_name(p).removeprefix("tiny_llm").lstrip(".") for p in MODULES} - {"", "__main__"}
+    named = mapped_modules((PACKAGE.parent.parent / "book" / "docs" / "engine-core.md").read_text())
+    assert sorted(modules - named) == [], "modules missing from engine-core.md's layer table"
+    assert sorted(named - modules) == [], "the layer table names modules that do not exist"

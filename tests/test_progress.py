@@ -130,12 +130,12 @@ def without_kernel_notes(err: str) -> list[str]:
 def test_other_not_implemented_errors_are_not_hidden(monkeypatch):
     """Only a starter's stub becomes a one-line message; any other NotImplementedError is a
     bug and keeps its traceback."""
-    import tiny_llm.cli
+    import tiny_llm.cli.smoke
 
     def broken(args):
         raise NotImplementedError("something else")
 
-    monkeypatch.setattr(tiny_llm.cli, "_smoke", broken)
+    monkeypatch.setattr(tiny_llm.cli.smoke, "run", broken)
     with pytest.raises(NotImplementedError, match="something else"):
         main(["smoke", "--prompt", "hi", *NO_MODEL])
 
@@ -159,6 +159,7 @@ def test_the_package_imports_one_day_at_a_time():
     )
     assert fresh_python(code) == [
         "['tiny_llm.attention',", "'tiny_llm.basics',", "'tiny_llm.embedding',", "'tiny_llm.files',",
+        "'tiny_llm.gguf',", "'tiny_llm.hub',",
         "'tiny_llm.kernels',", "'tiny_llm.layer_norm',", "'tiny_llm.loader',", "'tiny_llm.positional_encoding',",
         "'tiny_llm.progress',", "'tiny_llm.quantize',",
         "'tiny_llm.qwen2',", "'tiny_llm.tokenizer']", "True", "tiny_llm.generate",
