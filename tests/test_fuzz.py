@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
 from tiny_llm.sampler import SamplingParams
 
+from conftest import vocab_tokenizer
 from test_cli import NO_MODEL, run_captured
 
 FUZZ = settings(derandomize=True, database=None, deadline=2000, max_examples=400,
@@ -171,14 +172,24 @@ ARGS = st.one_of(st.sampled_from(["0", "-1", "1.5", "nan", "inf", "1e400", "3+2"
                                   "top_k;temperature", "a{0,1000000}", "[^\\s\\S]"]), st.text(max_size=6))
 
 
+TOKENIZER = vocab_tokenizer(64)
+
+
 @settings(FUZZ, max_examples=200)
 @given(st.lists(st.tuples(FLAGS, ARGS), max_size=4))
 def test_command_line_flags_end_in_one_line_and_status_2(pairs):
     """Whatever the flags, `generate` with a model that does not exist stops with status 2
-    and no traceback: a bad flag is named, good flags reach the model's absence."""
+    and no traceback: a bad flag is named, good flags reach the model's absence, and then
+    they make a request with a tokenizer too (as once the model has loaded)."""
     argv = ["generate", "--prompt", "hi", *[x for pair in pairs for x in pair], *NO_MODEL]
     try:
         status, out, err = run_captured(argv)
     except SystemExit as e:  # argparse: a usage line and status 2
         status, out, err = e.code, "", "usage"
     assert status == 2 and not out and "Traceback" not in err, (argv, err)
+    if "no model at '/nonexistent/model'" in err:  # the flags were all accepted: they make a request
+        from tiny_llm.cli import build_parser
+        from tiny_llm.cli.options import request
+
+        args = build_parser().parse_args(argv)
+        assert request(args, TOKENIZER).params.top_k == args.top_k, argv

@@ -191,3 +191,14 @@ def test_max_tokens_flag_reaches_the_request():
     assert request(args, TOKENIZER, 64).max_tokens == 9
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--max-tokens", "-1"])
     assert request(args).max_tokens == -1  # the command line's "no limit"
+
+
+def test_batch_flags_reach_batch_settings():
+    from tiny_llm.cli.options import batch_settings
+    from tiny_llm.defaults import BatchSettings
+
+    args = build_parser().parse_args(["batch", "--prompts", "p.txt", "--max-batch-size", "3", "--prefill-step-size",
+                                      "5", "--page-size", "8", "--prefix-cache-bytes", "1M"])
+    assert batch_settings(args) == BatchSettings(3, 5, 8, 1 << 20)
+    assert batch_settings(args).kwargs() == dict(max_batch_size=3, prefill_step_size=5, page_size=8,
+                                                 prefix_cache_bytes=1 << 20)

@@ -21,6 +21,7 @@ from .distributed import fresh_seed
 from .defaults import MAX_TOKENS, NUM_DRAFT_TOKENS, PREFILL_STEP_SIZE, TEMPERATURE
 from .model import CachedModel, Progress, check_progress, prefill, vocab_size
 from .sampler import Sampler, SamplingParams, rng
+from .sampler.params import stage_on
 from .sampler.draw import inverse_cdf
 from .sampler.checks import check_int
 from .tokenizer import Tokenizer
@@ -89,6 +90,15 @@ def prompt_lookup(history: list[int], count: int, ngram: int = 3, min_ngram: int
     return []
 
 
+def refused_fields(params: SamplingParams) -> list[str]:
+    """The fields of `params` that speculative decoding cannot honour, each on: mirostat, XTC
+    and min_tokens (the distribution would depend on more than the logits and the history),
+    and a grammar (constrained decoding runs without a drafter)."""
+    return [field for field, on in (("mirostat", params.mirostat != 0), ("xtc_probability", stage_on("xtc", params)),
+                                    ("min_tokens", params.min_tokens > 0), ("grammar", params.grammar is not None))
+            if on]
+
+
 def speculative_generate_step(
     prompt: mx.array,
     model: CachedModel,
@@ -125,7 +135,7 @@ def speculative_generate_step(
     params = SamplingParams(temperature=TEMPERATURE) if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if params.mirostat or params.xtc_probability > 0 or params.min_tokens > 0:
+    if any(field != "grammar" for field in refused_fields(params)):
         raise ValueError(
             "speculative decoding needs a distribution that depends only on the logits and the "
             f"history: mirostat={params.mirostat}, xtc_probability={params.xtc_probability} and "

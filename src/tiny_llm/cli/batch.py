@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..requests import CONSTRAINTS, PARAMS, FieldError, build_request, seeded
+from ..requests import CONSTRAINTS, PARAMS, FieldError, GrammarCache, build_request, seeded
 from .common import UserError, load, messages_text, prefix_cache_days_done
 from .options import (add_batch_size_option, add_cache_options, add_model_options, add_sampling_options,
                       batch_settings, request, request_fields)
@@ -44,6 +44,7 @@ def read_requests(args: argparse.Namespace, tokenizer=None) -> list:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise UserError(f"{path}:{line}: not valid UTF-8 text (byte {e.start + 1} of the file)") from None
+    grammars = vars(args).setdefault("_grammars", GrammarCache())  # lines with one schema share its grammar
     flags = {k: v for k, v in request_fields(args).items() if k not in CONSTRAINTS}
     flags["grammar"] = request(args).params.grammar  # the flags' constraint, compiled once
     requests = []
@@ -68,7 +69,8 @@ def read_requests(args: argparse.Namespace, tokenizer=None) -> list:
         given.setdefault("max_tokens", args.max_tokens)
         own = any(k in entry for k in CONSTRAINTS)  # a line's constraint replaces the flags'
         try:
-            built = build_request(given, tokenizer, base={**flags, "grammar": None} if own else flags)
+            built = build_request(given, tokenizer, base={**flags, "grammar": None} if own else flags,
+                                  grammars=grammars)
         except FieldError as e:
             raise UserError(f"{where}: {e}") from None
         params = built.params if "seed" in entry else seeded(built.params, len(requests))

@@ -6,7 +6,7 @@ import sys
 
 from ..defaults import NUM_DRAFT_TOKENS
 from .common import UserError, load, messages_text, print_stats, prompt_tokens, read_stdin, stream, user_text
-from .options import add_model_options, add_sampling_options, request, sampler
+from .options import add_model_options, add_sampling_options, flag_of, request, sampler
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -93,7 +93,7 @@ def print_beams(model, tokenizer, prompt: list[int], args: argparse.Namespace) -
 def check_speculative(args: argparse.Namespace, params) -> dict | None:
     """The keyword arguments of speculative decoding, or None without --draft-model and
     --prompt-lookup; conflicting flags are a UserError."""
-    from ..speculative import SpeculativeStats
+    from ..speculative import SpeculativeStats, refused_fields
 
     if not args.draft_model and not args.prompt_lookup:
         return None
@@ -101,10 +101,10 @@ def check_speculative(args: argparse.Namespace, params) -> dict | None:
         raise UserError("pass either --draft-model or --prompt-lookup, not both")
     if args.num_draft_tokens < 1:
         raise UserError(f"--num-draft-tokens must be a positive integer, got {args.num_draft_tokens}")
+    refused = refused_fields(params)
     for flag, clash in (("--num-beams", args.num_beams > 1), ("--no-kv-cache", args.no_kv_cache),
-                        ("a grammar", params.grammar is not None),
-                        ("--mirostat", params.mirostat), ("--xtc-probability", params.xtc_probability > 0),
-                        ("--logprobs", params.logprobs), ("--min-tokens", params.min_tokens)):
+                        ("a grammar", "grammar" in refused), ("--logprobs", params.logprobs),
+                        *((flag_of(field), True) for field in refused if field != "grammar")):
         if clash:
             raise UserError(f"speculative decoding does not combine with {flag}")
     return dict(prompt_lookup=args.prompt_lookup, num_draft_tokens=args.num_draft_tokens,
