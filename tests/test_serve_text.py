@@ -253,3 +253,11 @@ def test_forced_calls_follow_parameters_with_references():
     assert not grammar.accepts(call('{"to": {"name": "Rome"}}'))
     assert not grammar.accepts(call('{"to": {"name": "Oslo"}, "then": {"to": "Paris"}}'))
     assert not grammar.accepts(call('{"to":\n{"name": "Oslo"}}'))  # no newlines inside the call
+
+
+def test_two_constraints_are_refused_naming_every_source(ctx):
+    """The server's message lists each field that can carry a grammar, as the request names them."""
+    with pytest.raises(RequestError) as e:
+        parse(chat(regex="a", grammar='root ::= "a"'), "chat", ctx)
+    assert e.value.message == "send one of response_format, grammar, regex and json_schema, not grammar and regex"
+    assert e.value.param == "regex"

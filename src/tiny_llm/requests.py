@@ -83,7 +83,8 @@ class GrammarCache:
 def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping | None = None,
                   spell: Spelling = as_is, vocab_size: int | None = None, constraints: Sequence[tuple] = (),
                   grammars: GrammarCache | None = None, openai_bias: bool = False,
-                  unlimited: bool = False, label: Spelling | None = None, verb: str = "give") -> Request:
+                  unlimited: bool = False, label: Spelling | None = None, verb: str = "give",
+                  also: Sequence[str] = ()) -> Request:
     """The request of the fields `given` over `base` (fields that hold where `given` is
     silent, e.g. the command line's flags under a batch file's line).
 
@@ -96,7 +97,8 @@ def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping 
     `logit_bias` values lie in [-100, 100], -100 banning the token (OpenAI's meaning).
     `unlimited`: `max_tokens` may be -1, no limit. `label`: how a message about a
     constraint's value names it (default `spell`); `verb`: what the user does with a field
-    ("give", "pass", "send"), for the message that asks for one constraint.
+    ("give", "pass", "send"), for the message that asks for one constraint, which also names
+    the caller's other sources of a grammar, `also` (and those in `constraints`).
     """
     fields_ = {**(base or {}), **given}
     values = {name: fields_[name] for name in PARAMS if fields_.get(name) is not None}
@@ -112,7 +114,7 @@ def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping 
         values["dry_sequence_breakers"] = tuple(
             tuple(b) if isinstance(b, list) else b for b in values["dry_sequence_breakers"])
     sources = [(name, name, fields_[name]) for name in CONSTRAINTS if fields_.get(name) is not None]
-    options = [*dict.fromkeys(c[0] for c in constraints), *CONSTRAINTS]
+    options = [*dict.fromkeys([*also, *(c[0] for c in constraints)]), *CONSTRAINTS]
     grammar, constraint = compile_constraint([*constraints, *sources], spell, grammars, label=label,
                                              options=options, verb=verb)
     values["grammar"] = grammar

@@ -309,6 +309,7 @@ def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Co
     spell = {"order": "samplers" if "samplers" in body else "order"}.get
     try:
         return build_request(given, ctx.tokenizer, spell=lambda name: spell(name, name), vocab_size=ctx.vocab_size,
-                             constraints=constraints, grammars=ctx.grammars, openai_bias=True, verb="send")
+                             constraints=constraints, grammars=ctx.grammars, openai_bias=True, verb="send",
+                             also=("response_format",))
     except FieldError as e:
         raise RequestError(str(e), e.field) from None
