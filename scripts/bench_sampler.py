@@ -14,7 +14,10 @@ Logits are float32 log-probabilities, randomly permuted per row, in one of three
 - flat: N(0, 3) logits: a 0.9 nucleus of about 7,400 tokens (high temperature, the start
   of free text).
 
-The 0.9 nucleus of each shape is measured and printed. Each time is the median of
+The "floor" rows time one MLX call alone (argmax; categorical), and the "draw" rows the
+three ways to draw at temperature 0.8 alone: the engine's inverse CDF, the engine's
+exponential race (`SamplingParams(draw="race")`) and week 1 day 7's race on `mx.random`
+noise. The 0.9 nucleus of each shape is measured and printed. Each time is the median of
 repeated, warmed-up runs, each synchronised with mx.eval. The ratio column is mlx-lm's time
 divided by tiny-llm's (above 1: tiny-llm is faster).
 """
@@ -28,7 +31,8 @@ import mlx.core as mx
 from bench_common import add_run_arguments, machine_info, write_json
 from mlx_lm import sample_utils as mlx_lm_sampling
 
-from tiny_llm.sampler import Sampler, SamplingParams, make_logits_processors, make_sampler
+from tiny_llm.sampler import (Sampler, SamplingParams, draw, make_logits_processors, make_sampler, rng,
+                              sample_exponential_race)
 
 CONFIGS = {
     # name: (make_sampler kwargs, Sampler params kwargs, repetition penalty or None)
@@ -37,6 +41,8 @@ CONFIGS = {
     "top-k 40": (dict(temp=1.0, top_k=40), dict(top_k=40), None),
     "top-p 0.9": (dict(temp=1.0, top_p=0.9), dict(top_p=0.9), None),
     "min-p 0.05": (dict(temp=1.0, min_p=0.05), dict(min_p=0.05), None),
+    # The same distribution as "temperature 0.8", drawn by the exponential race.
+    "temperature 0.8 (race)": (dict(temp=0.8), dict(temperature=0.8, draw="race"), None),
     "llama.cpp chain": (dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05),
                         dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), None),
     "chain + repetition 1.1": (dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05),
@@ -93,6 +99,14 @@ def bench(B: int, V: int, repeats: int, shape: str = "typical", configs=tuple(CO
     floor_cat = timed(lambda: mx.random.categorical(x), repeats)
     rows.append(dict(config="floor: argmax", rows=shape, B=B, tiny_make_sampler=floor_argmax))
     rows.append(dict(config="floor: categorical", rows=shape, B=B, tiny_make_sampler=floor_cat))
+    # The three ways to draw one token per row at temperature 0.8, alone: the engine's
+    # inverse CDF and its exponential race (both from the rows' counter-based uniforms), and
+    # week 1 day 7's race on mx.random's noise.
+    u = rng.uniform(mx.arange(B, dtype=mx.uint32), mx.zeros((B,), dtype=mx.uint32), rng.DRAW)
+    t = mx.full((B,), 0.8)
+    for name, fn in (("draw: inverse CDF", lambda: draw.draw(x / 0.8, u)), ("draw: race", lambda: draw.race(x / 0.8, u)),
+                     ("draw: race, week 1 day 7", lambda: sample_exponential_race(x, t))):
+        rows.append(dict(config=name, rows=shape, B=B, tiny_make_sampler=timed(fn, repeats)))
     for name, (ms_kwargs, params_kwargs, rep) in ((n, CONFIGS[n]) for n in configs):
         ours_fn = make_sampler(**ms_kwargs)
         ref_fn = mlx_lm_sampling.make_sampler(**ms_kwargs)

@@ -28,7 +28,7 @@ VALUES = {
     "penalty_last_n": ("32", 32), "dry_multiplier": ("0.8", 0.8), "dry_base": ("1.5", 1.5),
     "dry_allowed_length": ("3", 3), "dry_penalty_last_n": ("100", 100), "mirostat": ("2", 2),
     "mirostat_tau": ("4.0", 4.0), "mirostat_eta": ("0.2", 0.2), "min_tokens": ("5", 5), "seed": ("3", 3),
-    "logprobs": ("2", 2),
+    "logprobs": ("2", 2), "draw": ("race", "race"),
 }
 CASES = [(flag, field, *VALUES[field]) for flags, field, _, _ in SAMPLING_FLAGS for flag in flags]
 # The other flags that take a value and reach the request: (argv, field, expected value).

@@ -564,18 +564,26 @@ def test_pooled_merges_small_bins():
     assert exp.tolist() == [7.0, 48.0] and obs.tolist() == [6.0, 50.0]
 
 
-@pytest.mark.parametrize("case", list(CHI_CASES) + [f"V2000-{c}" for c in LARGE_CHI_CASES])
+# The same cases drawn by the exponential race (SamplingParams(draw="race")), but mirostat's.
+RACE_CASES = [f"race-{c}" for c in CHI_CASES if "mirostat" not in c] + [f"race-V2000-{c}" for c in LARGE_CHI_CASES]
+
+
+@pytest.mark.parametrize("case", list(CHI_CASES) + [f"V2000-{c}" for c in LARGE_CHI_CASES] + RACE_CASES)
 def test_chi_square_draws_follow_distribution(case):
     """5000 draws (1000 rows of identical logits with their own seeds, 5 rounds; V = 12, or
     V = 2000 LLM-like rows where windows of top tokens matter) follow the summed
     `.distribution()` rows: tokens of probability 0 are never drawn and a chi-square test
     (scipy.stats.chisquare, small bins pooled to expected >= 5) does not reject at
     false-alarm rate ALPHA = 1e-4. Mirostat rounds use fresh Samplers (new seeds) so every
-    draw is made at mu = 2 tau; the others draw 5 successive tokens per row."""
+    draw is made at mu = 2 tau; the others draw 5 successive tokens per row. "race-" cases
+    draw by the exponential race instead of the inverse CDF."""
+    race = case.startswith("race-")
+    case = case.removeprefix("race-")
     if case.startswith("V2000-"):  # LLM-like 2000-token rows: windows of top tokens matter
         (kw, hist), row = LARGE_CHI_CASES[case[6:]], V2000
     else:
         (kw, hist), row = CHI_CASES[case], V12
+    kw = dict(kw, draw="race") if race else kw
     x = mx.array(np.tile(row, (ROWS, 1)))
     history = None if hist is None else [hist] * ROWS
     observed = np.zeros(len(row))
@@ -983,3 +991,59 @@ def test_sample_lazily_confirms_bad_rows_and_undoes_the_draw(params, values, mat
         confirm()
     assert sampler.stats.draws == 0 and sampler._batch is None
 
+
+
+# ---- the exponential race -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.8), dict(temperature=1.2, top_k=50, min_p=0.01),
+                                dict(temperature=0.7, repetition_penalty=1.3, top_p=0.9)],
+                         ids=["temperature", "top_k-min_p", "penalties-top_p"])
+def test_race_rows_draw_the_same_batched_or_alone(kw):
+    """A seeded race row draws the same tokens alone and beside other rows (race and
+    inverse-CDF rows, other seeds), eagerly and lazily: its noise comes from its own seed
+    and draw count."""
+    x = mx.array(llm_like_logits(5, 4, 2000))
+    hist = [[1, 2, 3]] * 4
+    alone = Sampler(SamplingParams(**kw, seed=11, draw="race"))
+    mixed = Sampler([SamplingParams(**kw, seed=11, draw="race"), SamplingParams(temperature=0.9, seed=3),
+                     SamplingParams(**kw, seed=12, draw="race"), SamplingParams(temperature=0.0)])
+    lazy = Sampler(SamplingParams(**kw, seed=11, draw="race"))
+    for _ in range(4):
+        a = alone.sample(x[:1], hist[:1]).item()
+        assert mixed.sample(x, hist)[0].item() == a
+        token, confirm = lazy.sample_lazily(x[:1], hist[:1])
+        confirm()
+        assert token.item() == a
+
+
+def test_race_and_inverse_cdf_draw_other_tokens_from_one_seed():
+    """Two ways to draw, one seed: the same distribution, but other tokens (so a row's way of
+    drawing is part of what makes it reproducible)."""
+    x = mx.array(llm_like_logits(6, 1, 2000))
+    race = Sampler(SamplingParams(temperature=1.5, seed=4, draw="race"))
+    cdf = Sampler(SamplingParams(temperature=1.5, seed=4))
+    assert [race.sample(x).item() for _ in range(8)] != [cdf.sample(x).item() for _ in range(8)]
+
+
+def test_race_noise_depends_on_the_row_and_the_token_only():
+    """`race_noise`: one row's noise for a token is the same whichever tokens are raced with
+    it, and differs between rows' uniforms; it is finite (the clamp keeps -log(v) above 0)."""
+    from tiny_llm.sampler.draw import race_noise
+
+    u = mx.array([0.25, 0.5, 0.75], dtype=mx.float32)
+    full = race_noise(u, mx.arange(1000))
+    some = race_noise(u, mx.array([[7, 500, 999]] * 3))
+    assert mx.array_equal(full[:, mx.array([7, 500, 999])], some)
+    assert not mx.array_equal(full[0], full[1]) and mx.all(mx.isfinite(full)).item()
+    edge = -mx.log(-mx.log(mx.minimum(mx.array([1.0]), 1.0 - 2.0**-24)))
+    assert mx.isfinite(edge).item()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(draw="gumbel"), "draw must be one of inverse_cdf, race, got 'gumbel'"),
+    (dict(draw="race", mirostat=2), "draw='race' does not combine with a grammar or mirostat"),
+])
+def test_bad_draw_is_refused(kw, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        SamplingParams(**kw)

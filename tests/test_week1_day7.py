@@ -1,13 +1,16 @@
-"""Week 1, day 7: make_sampler — greedy, temperature, top-k, top-p (and min-p), batched."""
+"""Week 1, day 7: make_sampler — greedy, temperature, top-k, top-p (and min-p), batched; and
+the exponential race (Gumbel-max) with a temperature per row."""
 
 import math
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from scipy.stats import chisquare
+from scipy.optimize import brentq
+from scipy.stats import chi2, chisquare, ncx2
 
-from tiny_llm.sampler import keep_top_k, keep_top_p, make_sampler
+from tiny_llm.sampler import (MIN_EXPONENTIAL, exponential_noise, keep_top_k, keep_top_p, make_sampler,
+                              sample_exponential_race, sample_gumbel_max)
 
 # Tests that compare sampled frequencies with expected probabilities use a chi-square test
 # at this false-alarm rate (with fixed seeds the outcome is deterministic; the rate says
@@ -237,3 +240,86 @@ def test_bad_arguments_raise_when_the_sampler_is_made(kwargs, match):
     """make_sampler checks its arguments itself, before any sampling runs."""
     with pytest.raises(ValueError, match=match):
         make_sampler(**kwargs)
+
+
+# ---- the exponential race (Gumbel-max) ------------------------------------------------
+
+
+def race_frequencies(logits: np.ndarray, temperature: float, n: int, seed: int, draw) -> np.ndarray:
+    """How often each token wins in `n` draws of one row (as a batch of `n` copies)."""
+    rows = mx.broadcast_to(mx.array(logits, dtype=mx.float32), (n, logits.size))
+    tokens = draw(rows, mx.full((n,), temperature), exponential_noise(rows.shape, key=mx.random.key(seed)))
+    return np.bincount(np.array(tokens), minlength=logits.size)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()
+
+
+DRAWS = 20_000
+
+
+def detectable_distance(draws: int, categories: int, power: float = 0.99) -> float:
+    """The chi-square distance sum((q - p)^2 / p) from the expected p at which a test of
+    `draws` draws, at the rate FALSE_ALARM, catches a wrong distribution q with `power`."""
+    critical = chi2.ppf(1 - FALSE_ALARM, categories - 1)
+    return brentq(lambda lam: ncx2.sf(critical, categories - 1, lam) - power, 1e-6, 1e4) / draws
+
+
+@pytest.mark.parametrize("draw", [sample_exponential_race, sample_gumbel_max], ids=["race", "gumbel"])
+@pytest.mark.parametrize("row", range(len(ROWS)))
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.7])
+def test_race_frequencies_match_the_softmax(draw, row, temperature):
+    """The winner of the race is distributed as softmax(logits / T): a chi-square test over
+    20,000 seeded draws per row and temperature. Its power: a wrong distribution at
+    chi-square distance 0.0027 or more from the right one — e.g. on the flat row, one token
+    of 0.10 drawn at 0.116 — is caught with probability 0.99 (computed below)."""
+    logits = ROWS[row]
+    expected = softmax(logits / temperature)
+    assert detectable_distance(DRAWS, logits.size) < 0.0027
+    counts = race_frequencies(logits, temperature, DRAWS, seed=100 * row + int(10 * temperature), draw=draw)
+    assert chisquare(counts, DRAWS * expected).pvalue > FALSE_ALARM, (counts, DRAWS * expected)
+
+
+def test_race_rows_at_temperature_zero_are_their_argmax():
+    """A row with T = 0 takes its most likely token (the lowest index on ties), whatever the noise."""
+    logits = mx.array([[0.1, 3.0, 3.0, -1.0], [2.0, 0.0, 1.0, 5.0], [1.0, 1.0, 1.0, 1.0]])
+    for seed in range(20):
+        noise = exponential_noise(logits.shape, key=mx.random.key(seed))
+        for draw in (sample_exponential_race, sample_gumbel_max):
+            assert draw(logits, mx.zeros((3,)), noise).tolist() == [1, 3, 0]
+
+
+def test_race_and_gumbel_pick_the_same_tokens_under_the_same_noise():
+    """argmax(p / E) and argmax(logits / T - log E) are the same arg-max: token for token."""
+    logits = mx.random.normal((64, 50), key=mx.random.key(0)) * 3
+    temperatures = mx.array([0.0, 0.3, 1.0, 2.5] * 16)
+    for seed in range(5):
+        noise = exponential_noise(logits.shape, key=mx.random.key(seed))
+        assert mx.array_equal(sample_exponential_race(logits, temperatures, noise),
+                              sample_gumbel_max(logits, temperatures, noise))
+
+
+def test_a_rows_draw_ignores_the_other_rows():
+    """Under the same noise, row 0's token does not change when the other rows' logits and
+    temperatures do: each row races alone."""
+    key = mx.random.key(7)
+    logits = mx.random.normal((4, 30), key=mx.random.key(1))
+    noise = exponential_noise(logits.shape, key=key)
+    first = sample_exponential_race(logits, mx.array([0.8, 1.0, 1.0, 1.0]), noise)
+    others = mx.concatenate([logits[:1], -logits[1:] * 5])
+    again = sample_exponential_race(others, mx.array([0.8, 0.0, 3.0, 0.1]), noise)
+    assert first[0].item() == again[0].item()
+
+
+def test_the_noise_is_exponential_and_never_zero():
+    """Mean and variance 1 (Exponential(1)), and the clamp keeps a zero uniform off 0: p / E
+    must not become inf (or NaN for p = 0)."""
+    e = np.array(exponential_noise((200_000,), key=mx.random.key(3)))
+    assert abs(e.mean() - 1) < 0.01 and abs(e.var() - 1) < 0.03
+    assert e.min() >= MIN_EXPONENTIAL
+    zero = mx.maximum(-mx.log1p(-mx.zeros((1,))), MIN_EXPONENTIAL)  # what a uniform of 0 becomes
+    assert zero.item() == pytest.approx(MIN_EXPONENTIAL)
+    probs_row = mx.array([[0.0, 1.0]])  # a token of p = 0 must not win with a tiny clock
+    assert sample_exponential_race(mx.log(probs_row), mx.ones((1,)), mx.array([[MIN_EXPONENTIAL, 1.0]])).item() == 1

@@ -105,6 +105,8 @@ SAMPLING_FLAGS = [
     (("--mirostat-lr", "--mirostat-eta"), "mirostat_eta", float, "mirostat learning rate"),
     (("--min-tokens",), "min_tokens", int, "suppress end-of-sequence for this many tokens"),
     (("--seed", "-s"), "seed", int, "random seed, for reproducible sampling (default: fresh)"),
+    (("--draw",), "draw", str, "how the token is drawn from the final distribution: inverse_cdf or race "
+                                "(the exponential race; same distribution, other tokens for a seed)"),
     (("--logprobs",), "logprobs", int, "print each token's log-probability and this many alternatives"),
 ]
 # The request fields the flags set, by the flag a message names.

@@ -7,7 +7,8 @@ randomness), `draw` (the inverse-CDF draw), `fast` (the window path), `rows` (on
 and `engine` (the `Sampler`: a list of rows and the dispatch over them).
 """
 
-from .basic import keep_top_k, keep_top_p, make_sampler
+from .basic import (MIN_EXPONENTIAL, exponential_noise, keep_top_k, keep_top_p, make_sampler, sample_exponential_race,
+                    sample_gumbel_max)
 from .basic import SamplerFunction
 from .engine import SampleResult, Sampler, SamplerStats, token_distribution
 from .mlx_compat import (
@@ -29,6 +30,7 @@ from .params import PRESETS, STAGES, SamplingParams
 __all__ = [
     "SamplingParams", "Sampler", "SampleResult", "SamplerStats", "token_distribution",
     "PRESETS", "STAGES", "SamplerFunction", "LogitsProcessor", "make_sampler", "keep_top_k", "keep_top_p",
+    "exponential_noise", "sample_exponential_race", "sample_gumbel_max", "MIN_EXPONENTIAL",
     "apply_top_k", "apply_top_p", "apply_min_p", "apply_xtc", "categorical_sampling",
     "greedy_sampler", "make_logits_processors", "make_repetition_penalty",
     "make_presence_penalty", "make_frequency_penalty",

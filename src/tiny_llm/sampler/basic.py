@@ -1,7 +1,9 @@
-"""Course: week 1 day 7 — the first sampler: greedy, temperature, top-k and top-p.
+"""Course: week 1 day 7 — the first sampler: greedy, temperature, top-k and top-p, and the exponential race.
 
 Every function works on a batch: `logprobs [B, V]`, one distribution per row. Filters return
-the same array with the tokens they drop set to `-inf`.
+the same array with the tokens they drop set to `-inf`. The race (`sample_exponential_race`,
+and `sample_gumbel_max`, the same draw in the log domain) takes a temperature per row and
+draws without a sort or a running sum.
 """
 
 import math
@@ -90,4 +92,47 @@ def make_sampler(
         return categorical_draw(logprobs, 1.0 / temp)
 
     return sampler
+    # END SOLUTION
+
+
+# The smallest exponential the race divides by: a uniform of exactly 0 gives E = 0, and p / 0
+# would make that token win whatever its probability (or give NaN where p = 0).
+MIN_EXPONENTIAL = 1e-10
+
+
+def exponential_noise(shape: tuple[int, ...], key: mx.array | None = None) -> mx.array:
+    """`E ~ Exponential(1)` of `shape`, from `mx.random.uniform` (with `key`, or MLX's global
+    random state), clamped below at `MIN_EXPONENTIAL`."""
+    # BEGIN SOLUTION week1-day7
+    u = mx.random.uniform(shape=shape, key=key)  # [0, 1)
+    return mx.maximum(-mx.log1p(-u), MIN_EXPONENTIAL)  # -log(1 - u): Exponential(1)
+    # END SOLUTION
+
+
+def sample_exponential_race(logits: mx.array, temperatures: mx.array, noise: mx.array | None = None) -> mx.array:
+    """One token per row of `logits [B, V]`, row b drawn from `softmax(logits[b] / T_b)` with
+    `T = temperatures [B]`; a row with `T_b = 0` takes its argmax. The draw is a race: every
+    token gets an exponential clock `E [B, V]` (`noise`, or fresh `exponential_noise`) and
+    the token with the largest `p / E` wins — no cumulative sum, no sort."""
+    # BEGIN SOLUTION week1-day7
+    logits = logits.astype(mx.float32)
+    noise = exponential_noise(logits.shape) if noise is None else noise
+    t = temperatures.astype(mx.float32)[:, None]  # B, 1
+    greedy = t <= 0
+    probs = mx.softmax(logits / mx.where(greedy, 1.0, t), axis=-1)
+    race = mx.argmax(probs / noise, axis=-1)
+    return mx.where(greedy[:, 0], mx.argmax(logits, axis=-1), race)
+    # END SOLUTION
+
+
+def sample_gumbel_max(logits: mx.array, temperatures: mx.array, noise: mx.array | None = None) -> mx.array:
+    """`sample_exponential_race` in the log domain: `argmax(logits / T - log E)`, where
+    `-log E` is Gumbel noise. Under the same `noise` it picks the same tokens."""
+    # BEGIN SOLUTION week1-day7
+    logits = logits.astype(mx.float32)
+    noise = exponential_noise(logits.shape) if noise is None else noise
+    t = temperatures.astype(mx.float32)[:, None]
+    greedy = t <= 0
+    race = mx.argmax(logits / mx.where(greedy, 1.0, t) - mx.log(noise), axis=-1)
+    return mx.where(greedy[:, 0], mx.argmax(logits, axis=-1), race)
     # END SOLUTION

@@ -2,7 +2,9 @@
 
 A draw picks the first token whose running mass, in vocabulary order, reaches u times the
 total (the inverse CDF). Every path of the sampling engine, and speculative decoding, draws
-through here.
+through here. `race` is the other way (`SamplingParams(draw="race")`): every token gets
+Gumbel noise made from the row's uniform and its own id, and the largest logit plus noise
+wins (the exponential race of week 1 day 7) — no running sum, but two logarithms a token.
 
 Run as a parallel scan (Metal's `cumsum`), the running sums are added in another order than on the
 CPU: they may fall by an ulp over tokens of mass 0, and a sum taken twice in two orders
@@ -13,7 +15,9 @@ mass, and never aims past the largest running value at such an entry. In exact a
 
 import mlx.core as mx
 
-from . import stages
+from . import rng, stages
+
+DRAWS = ("inverse_cdf", "race")  # SamplingParams.draw: how a token is drawn from the final logits
 
 
 def running_sum(w: mx.array) -> mx.array:
@@ -82,6 +86,37 @@ def draw_flat(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
     """`draw` with one running sum over the whole row."""
     top = mx.max(final, axis=-1, keepdims=True)
     return inverse_cdf(stages.exp(final - top), u), top[:, 0]
+
+
+# The noise's uniforms are 32-bit; clamped below 1 so that -log(v) is never 0 (a zero clock
+# would win whatever its token's mass).
+RACE_MAX_UNIFORM = 1.0 - 2.0**-24
+
+
+def race_noise(u: mx.array, ids: mx.array) -> mx.array:
+    """Gumbel noise `[B, N]` for token ids `ids` (`[N]` or `[B, N]`): a hash of the row's
+    uniform `u [B]` (whose bits name the row's seed, draw number and stream) and the token's
+    id, so a token's noise does not depend on the tokens raced beside it or on other rows."""
+    h = rng.mix(mx.view(u.astype(mx.float32), mx.uint32) ^ mx.array(0x5BD1E995, dtype=mx.uint32))  # B
+    ids = ids.astype(mx.uint32)
+    bits = rng.mix(h[:, None] ^ rng.mix(ids if ids.ndim == 2 else ids[None, :]))
+    v = mx.minimum((bits.astype(mx.float32) + 0.5) * (1.0 / 2**32), RACE_MAX_UNIFORM)  # (0, 1)
+    return -mx.log(-mx.log(v))
+
+
+@mx.compile
+def race(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+    """One token per row of the final logits `[B, V]`: `argmax(final + Gumbel noise)`, which
+    is a draw from `softmax(final)` (tokens at -inf never win); the noise comes from each
+    row's uniform `u [B]` (`race_noise`). Also returns each row's max, as `draw` does."""
+    V = final.shape[-1]
+    noisy = final + race_noise(u, mx.arange(V, dtype=mx.uint32))
+    return mx.argmax(noisy, axis=-1).astype(mx.int32), mx.max(final, axis=-1)
+
+
+def draw_by(how: str, final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+    """`draw` or `race`, as `how` (a `SamplingParams.draw`) says."""
+    return race(final, u) if how == "race" else draw(final, u)
 
 
 @mx.compile

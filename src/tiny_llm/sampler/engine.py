@@ -23,7 +23,7 @@ import numpy as np
 from ..distributed import fresh_seed
 from . import fast, rng, search, stages
 from .checks import RowError
-from .draw import argmax_and_value, draw, scatter_rows
+from .draw import argmax_and_value, draw, draw_by, scatter_rows
 from .dry import dry_penalties
 from .params import STAGE_ON, SamplingParams, stage_on
 from .rows import Row, make_rows
@@ -357,13 +357,13 @@ class Sampler:
             y = fast.sparse_penalties(y, hist, [r.params for r in rows])
         if all(r.kind == "greedy" for r in rows):
             return argmax_and_value(y)  # probe: the logit at the argmax, NaN or -inf: bad row
-        groups = _groups(rows)
+        groups = _groups(rows, by_draw=True)
         if len(groups) > 1:
             return None
-        (key,) = groups
+        ((key, how),) = groups
         u = _uniforms(rows, rng.DRAW)
         if not any(stage_on(s, r.params) for r in rows for s in ("min_p", "top_p")):  # temperature alone: one pass
-            return draw(y / _col(rows, "temperature"), u)  # probe: the row max, NaN or -inf: bad row
+            return draw_by(how, y / _col(rows, "temperature"), u)  # probe: the row max, NaN or -inf: bad row
         return _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)
 
     def _sample_checked(self, logits: mx.array, history: History, rows: list[Row],
@@ -399,22 +399,22 @@ class Sampler:
         logit `[B]` (not finite: the row cannot be sampled) and mirostat's pending updates.
         `exact`: the chain runs in full (its final logits are reported)."""
         B = x.shape[0]
-        groups = _groups(rows)
+        groups = _groups(rows, by_draw=True)
         tokens = mx.zeros((B,), dtype=mx.int32)
         tops = mx.zeros((B,), dtype=mx.float32)
         updates = []
-        for key, members in groups.items():
+        for (key, how), members in groups.items():
             whole = len(groups) == 1
             idx = None if whole else mx.array(members)
             xg = x if whole else x[idx]
             hg = hist if whole else [hist[b] for b in members]
             rg = rows if whole else [rows[b] for b in members]
             ug = u if whole else u[idx]
-            if not exact and key[0] != "mirostat" and fast.eligible([r.params for r in rg], key):
+            if not exact and key[0] != "mirostat" and how != "race" and fast.eligible([r.params for r in rg], key):
                 t, top = self._draw_fast(xg, hg, rg, key=key, u=ug)
-            else:
+            else:  # the race runs over the chain's final logits of the whole vocabulary
                 fg = self._chain(xg, hg, rg, key)
-                t, top = draw(fg, ug)
+                t, top = draw_by(how, fg, ug)
                 if key[0] == "mirostat":
                     updates.append(MirostatStep(fg, t, rg))
             tokens = t if whole else scatter_rows(tokens, idx, t)
@@ -629,12 +629,14 @@ def _uniforms(rows: list[Row], stream: int) -> mx.array:
                        mx.array([r.counter for r in rows], dtype=mx.uint32), stream)
 
 
-def _groups(rows: list[Row]) -> dict[tuple, list[int]]:
-    """Batch rows by chain: the stage order, or the mirostat version."""
+def _groups(rows: list[Row], by_draw: bool = False) -> dict[tuple, list[int]]:
+    """Batch rows by chain: the stage order, or the mirostat version. `by_draw`: by chain and
+    way of drawing, keyed `(chain, SamplingParams.draw)`."""
     groups: dict[tuple, list[int]] = {}
     for b, r in enumerate(rows):
         p = r.params
-        groups.setdefault(("mirostat", p.mirostat) if p.mirostat else p.order, []).append(b)
+        chain = ("mirostat", p.mirostat) if p.mirostat else p.order
+        groups.setdefault((chain, p.draw) if by_draw else chain, []).append(b)
     return groups
 
 

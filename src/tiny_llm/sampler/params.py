@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 from ..constrain.grammar import Grammar
 from .checks import check_float, check_int
+from .draw import DRAWS
 
 # Whether a stage is on for one row's parameters (off: it leaves the row's logits as they
 # are), stage by stage in llama.cpp's order. The one place these rules are written:
@@ -105,6 +106,11 @@ class SamplingParams:
     the tokens the grammar allows. `grammar_first=False` draws first and applies the mask
     only when the grammar rejects the draw (llama.cpp's default); `True` masks every step.
     Both give exactly the same distribution.
+    `draw`: how the token is drawn from the final distribution — `"inverse_cdf"` (the first
+    token whose running mass reaches a uniform; the default, the faster on the CPU) or
+    `"race"` (the largest logit plus Gumbel noise: the exponential race). Both are exact
+    draws from the same distribution, each reproducible from the row's seed, but they pick
+    different tokens for one seed.
     """
 
     temperature: float = 1.0
@@ -137,6 +143,7 @@ class SamplingParams:
     logprobs: int = 0
     grammar: Grammar | None = None
     grammar_first: bool = False
+    draw: str = "inverse_cdf"
 
     def __post_init__(self):
         f = check_float
@@ -208,6 +215,11 @@ class SamplingParams:
             )
         if not isinstance(self.grammar_first, bool):
             raise ValueError(f"grammar_first must be True or False, got {self.grammar_first!r}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
+        if self.draw == "race" and (self.grammar is not None or self.mirostat):
+            raise ValueError("draw='race' does not combine with a grammar or mirostat: they draw by the "
+                             "inverse CDF")
         if self.grammar is not None and self.mirostat:
             raise ValueError(f"grammar does not combine with mirostat={self.mirostat}: mirostat's "
                              f"target surprise assumes the unconstrained distribution")

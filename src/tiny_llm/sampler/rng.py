@@ -13,7 +13,7 @@ DRAW, XTC, GRAMMAR = 0, 1, 2
 SPECULATIVE = GRAMMAR
 
 
-def _mix(x: mx.array) -> mx.array:
+def mix(x: mx.array) -> mx.array:
     """A 32-bit integer hash with good avalanche (all bits of x affect all bits out)."""
     x = x ^ (x >> 16)
     x = x * mx.array(0x7FEB352D, dtype=mx.uint32)
@@ -24,9 +24,9 @@ def _mix(x: mx.array) -> mx.array:
 
 def uniform(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
     """`[B]` floats in the open interval (0, 1) with 23 random bits each."""
-    h = _mix(seeds.astype(mx.uint32))
-    h = _mix(h ^ counters.astype(mx.uint32))
-    h = _mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
+    h = mix(seeds.astype(mx.uint32))
+    h = mix(h ^ counters.astype(mx.uint32))
+    h = mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
     # The top 23 bits, centred in their bucket: (k + 0.5) / 2**23 is exact in float32, so
     # the result is never 0 or 1.
     return ((h >> 9).astype(mx.float32) + 0.5) * (1.0 / (1 << 23))

@@ -78,6 +78,8 @@ def _kind(p: SamplingParams) -> str:
         return "full"
     if p.temperature <= 0:
         return "greedy"
+    if p.draw == "race":  # the race runs over the whole vocabulary's final logits
+        return "full" if any(stage_on(s, p) for s in fast.FILTERS) else "plain"
     return "window" if fast.wants_window([p]) else "plain"
 
 
