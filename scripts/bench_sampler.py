@@ -102,9 +102,10 @@ def bench(B: int, V: int, repeats: int, shape: str = "typical", configs=tuple(CO
     # The three ways to draw one token per row at temperature 0.8, alone: the engine's
     # inverse CDF and its exponential race (both from the rows' counter-based uniforms), and
     # week 1 day 7's race on mx.random's noise.
-    u = rng.uniform(mx.arange(B, dtype=mx.uint32), mx.zeros((B,), dtype=mx.uint32), rng.DRAW)
+    seeds, counters = mx.arange(B, dtype=mx.uint32), mx.zeros((B,), dtype=mx.uint32)
+    u, h = rng.uniform(seeds, counters, rng.DRAW), rng.bits(seeds, counters, rng.DRAW)
     t = mx.full((B,), 0.8)
-    for name, fn in (("draw: inverse CDF", lambda: draw.draw(x / 0.8, u)), ("draw: race", lambda: draw.race(x / 0.8, u)),
+    for name, fn in (("draw: inverse CDF", lambda: draw.draw(x / 0.8, u)), ("draw: race", lambda: draw.race(x / 0.8, h)),
                      ("draw: race, week 1 day 7", lambda: sample_exponential_race(x, t))):
         rows.append(dict(config=name, rows=shape, B=B, tiny_make_sampler=timed(fn, repeats)))
     for name, (ms_kwargs, params_kwargs, rep) in ((n, CONFIGS[n]) for n in configs):

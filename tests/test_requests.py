@@ -202,3 +202,13 @@ def test_batch_flags_reach_batch_settings():
     assert batch_settings(args) == BatchSettings(3, 5, 8, 1 << 20)
     assert batch_settings(args).kwargs() == dict(max_batch_size=3, prefill_step_size=5, page_size=8,
                                                  prefix_cache_bytes=1 << 20)
+
+
+def test_speculative_decoding_refuses_the_race():
+    """Its acceptance test draws by the inverse CDF: draw="race" is refused, not ignored."""
+    from tiny_llm.speculative import refused_fields
+
+    assert refused_fields(SamplingParams(draw="race")) == ["draw"]
+    status, out, err = run_captured(["generate", "--prompt", "hi", "--prompt-lookup", "--draw", "race",
+                                     "--model", "/nonexistent/model"])
+    assert status == 2 and err.strip() == "tiny-llm: error: speculative decoding does not combine with --draw", err

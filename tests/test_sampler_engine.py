@@ -1028,12 +1028,12 @@ def test_race_and_inverse_cdf_draw_other_tokens_from_one_seed():
 
 def test_race_noise_depends_on_the_row_and_the_token_only():
     """`race_noise`: one row's noise for a token is the same whichever tokens are raced with
-    it, and differs between rows' uniforms; it is finite (the clamp keeps -log(v) above 0)."""
+    it, and differs between rows' random bits; it is finite (the clamp keeps -log(v) above 0)."""
     from tiny_llm.sampler.draw import race_noise
 
-    u = mx.array([0.25, 0.5, 0.75], dtype=mx.float32)
-    full = race_noise(u, mx.arange(1000))
-    some = race_noise(u, mx.array([[7, 500, 999]] * 3))
+    h = mx.array([1, 2, 0xFFFFFFFF], dtype=mx.uint32)
+    full = race_noise(h, mx.arange(1000))
+    some = race_noise(h, mx.array([[7, 500, 999]] * 3))
     assert mx.array_equal(full[:, mx.array([7, 500, 999])], some)
     assert not mx.array_equal(full[0], full[1]) and mx.all(mx.isfinite(full)).item()
     edge = -mx.log(-mx.log(mx.minimum(mx.array([1.0]), 1.0 - 2.0**-24)))

@@ -93,9 +93,11 @@ def prompt_lookup(history: list[int], count: int, ngram: int = 3, min_ngram: int
 def refused_fields(params: SamplingParams) -> list[str]:
     """The fields of `params` that speculative decoding cannot honour, each on: mirostat, XTC
     and min_tokens (the distribution would depend on more than the logits and the history),
-    and a grammar (constrained decoding runs without a drafter)."""
+    a grammar (constrained decoding runs without a drafter) and the race (its tests accept
+    and draw by the inverse CDF)."""
     return [field for field, on in (("mirostat", params.mirostat != 0), ("xtc_probability", stage_on("xtc", params)),
-                                    ("min_tokens", params.min_tokens > 0), ("grammar", params.grammar is not None))
+                                    ("min_tokens", params.min_tokens > 0), ("grammar", params.grammar is not None),
+                                    ("draw", params.draw == "race"))
             if on]
 
 
@@ -135,7 +137,9 @@ def speculative_generate_step(
     params = SamplingParams(temperature=TEMPERATURE) if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if any(field != "grammar" for field in refused_fields(params)):
+    if params.draw == "race":
+        raise ValueError("speculative decoding draws by the inverse CDF: draw='race' does not apply")
+    if any(field not in ("grammar", "draw") for field in refused_fields(params)):
         raise ValueError(
             "speculative decoding needs a distribution that depends only on the logits and the "
             f"history: mirostat={params.mirostat}, xtc_probability={params.xtc_probability} and "

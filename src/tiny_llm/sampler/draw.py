@@ -93,11 +93,11 @@ def draw_flat(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
 RACE_MAX_UNIFORM = 1.0 - 2.0**-24
 
 
-def race_noise(u: mx.array, ids: mx.array) -> mx.array:
-    """Gumbel noise `[B, N]` for token ids `ids` (`[N]` or `[B, N]`): a hash of the row's
-    uniform `u [B]` (whose bits name the row's seed, draw number and stream) and the token's
-    id, so a token's noise does not depend on the tokens raced beside it or on other rows."""
-    h = rng.mix(mx.view(u.astype(mx.float32), mx.uint32) ^ mx.array(0x5BD1E995, dtype=mx.uint32))  # B
+def race_noise(h: mx.array, ids: mx.array) -> mx.array:
+    """Gumbel noise `[B, N]` for token ids `ids` (`[N]` or `[B, N]`): a hash of the row's 32
+    random bits `h [B]` (`rng.bits`: its seed, draw number and stream) and the token's id, so
+    a token's noise does not depend on the tokens raced beside it or on other rows."""
+    h = rng.mix(h.astype(mx.uint32) ^ mx.array(0x5BD1E995, dtype=mx.uint32))  # B
     ids = ids.astype(mx.uint32)
     bits = rng.mix(h[:, None] ^ rng.mix(ids if ids.ndim == 2 else ids[None, :]))
     v = mx.minimum((bits.astype(mx.float32) + 0.5) * (1.0 / 2**32), RACE_MAX_UNIFORM)  # (0, 1)
@@ -105,18 +105,13 @@ def race_noise(u: mx.array, ids: mx.array) -> mx.array:
 
 
 @mx.compile
-def race(final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
+def race(final: mx.array, h: mx.array) -> tuple[mx.array, mx.array]:
     """One token per row of the final logits `[B, V]`: `argmax(final + Gumbel noise)`, which
     is a draw from `softmax(final)` (tokens at -inf never win); the noise comes from each
-    row's uniform `u [B]` (`race_noise`). Also returns each row's max, as `draw` does."""
+    row's random bits `h [B]` (`race_noise`). Also returns each row's max, as `draw` does."""
     V = final.shape[-1]
-    noisy = final + race_noise(u, mx.arange(V, dtype=mx.uint32))
+    noisy = final + race_noise(h, mx.arange(V, dtype=mx.uint32))
     return mx.argmax(noisy, axis=-1).astype(mx.int32), mx.max(final, axis=-1)
-
-
-def draw_by(how: str, final: mx.array, u: mx.array) -> tuple[mx.array, mx.array]:
-    """`draw` or `race`, as `how` (a `SamplingParams.draw`) says."""
-    return race(final, u) if how == "race" else draw(final, u)
 
 
 @mx.compile

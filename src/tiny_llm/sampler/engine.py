@@ -23,7 +23,7 @@ import numpy as np
 from ..distributed import fresh_seed
 from . import fast, rng, search, stages
 from .checks import RowError
-from .draw import argmax_and_value, draw, draw_by, scatter_rows
+from .draw import argmax_and_value, draw, race, scatter_rows
 from .dry import dry_penalties
 from .params import STAGE_ON, SamplingParams, stage_on
 from .rows import Row, make_rows
@@ -363,7 +363,7 @@ class Sampler:
         ((key, how),) = groups
         u = _uniforms(rows, rng.DRAW)
         if not any(stage_on(s, r.params) for r in rows for s in ("min_p", "top_p")):  # temperature alone: one pass
-            return draw_by(how, y / _col(rows, "temperature"), u)  # probe: the row max, NaN or -inf: bad row
+            return _draw_by(how, y / _col(rows, "temperature"), rows, u)  # probe: the row max, NaN or -inf: bad row
         return _draw_stages(y, hist, rows, tuple(s for s in key if s != "penalties"), u)
 
     def _sample_checked(self, logits: mx.array, history: History, rows: list[Row],
@@ -414,7 +414,7 @@ class Sampler:
                 t, top = self._draw_fast(xg, hg, rg, key=key, u=ug)
             else:  # the race runs over the chain's final logits of the whole vocabulary
                 fg = self._chain(xg, hg, rg, key)
-                t, top = draw_by(how, fg, ug)
+                t, top = _draw_by(how, fg, rg, ug)
                 if key[0] == "mirostat":
                     updates.append(MirostatStep(fg, t, rg))
             tokens = t if whole else scatter_rows(tokens, idx, t)
@@ -621,6 +621,15 @@ def _histories(history: History, B: int) -> list[list[int]] | None:
 def _col(rows: list[Row], name: str, dtype: mx.Dtype = mx.float32) -> mx.array:
     """`[G, 1]`: parameter `name` of every row."""
     return fast.column([r.params for r in rows], name, dtype)
+
+
+def _draw_by(how: str, final: mx.array, rows: list[Row], u: mx.array) -> tuple[mx.array, mx.array]:
+    """`draw(final, u)`, or for race rows (`how`, their `SamplingParams.draw`) the race on
+    the 32 random bits their uniforms `u` are made from."""
+    if how != "race":
+        return draw(final, u)
+    return race(final, rng.bits(mx.array([r.seed for r in rows], dtype=mx.uint32),
+                                mx.array([r.counter for r in rows], dtype=mx.uint32), rng.DRAW))
 
 
 def _uniforms(rows: list[Row], stream: int) -> mx.array:

@@ -22,11 +22,15 @@ def mix(x: mx.array) -> mx.array:
     return x ^ (x >> 16)
 
 
-def uniform(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
-    """`[B]` floats in the open interval (0, 1) with 23 random bits each."""
+def bits(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
+    """`[B]` uint32: each row's 32 random bits for this draw (what its uniform is made from)."""
     h = mix(seeds.astype(mx.uint32))
     h = mix(h ^ counters.astype(mx.uint32))
-    h = mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
+    return mix(h ^ mx.array((stream * 0x9E3779B9 + 0x632BE5AB) & 0xFFFFFFFF, dtype=mx.uint32))
+
+
+def uniform(seeds: mx.array, counters: mx.array, stream: int) -> mx.array:
+    """`[B]` floats in the open interval (0, 1) with 23 random bits each."""
     # The top 23 bits, centred in their bucket: (k + 0.5) / 2**23 is exact in float32, so
     # the result is never 0 or 1.
-    return ((h >> 9).astype(mx.float32) + 0.5) * (1.0 / (1 << 23))
+    return ((bits(seeds, counters, stream) >> 9).astype(mx.float32) + 0.5) * (1.0 / (1 << 23))
