@@ -169,11 +169,11 @@ def test_min_tokens_in_generate():
 def test_min_tokens_in_chat(monkeypatch):
     import io
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nand again\n"))
     status, out, err = run_captured(["chat", "--max-tokens", "12", "--verbose", "--logit-bias", f"{EOS}+100",
                                      "--min-tokens", "4"])
     assert status == 0, err
-    assert re.search(r"^generation: 5 tokens", err, re.M), err
+    assert re.findall(r"^generation: (\d+) tokens", err, re.M) == ["5", "5"], err  # every reply, not the first
 
 
 def test_min_tokens_in_batch(tmp_path):

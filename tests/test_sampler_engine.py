@@ -1047,3 +1047,14 @@ def test_race_noise_depends_on_the_row_and_the_token_only():
 def test_bad_draw_is_refused(kw, match):
     with pytest.raises(ValueError, match=re.escape(match)):
         SamplingParams(**kw)
+
+
+def test_min_tokens_counts_from_each_new_reply():
+    """`new_reply()`: `min_tokens` counts the draws of the current reply (a chat's turn),
+    while the row's random stream goes on; without it, only the first reply is held back."""
+    x = mx.array([[5.0, 0.0, 0.0]])  # token 0 (the end of sequence) is by far the most likely
+    s = Sampler(SamplingParams(temperature=0.0, min_tokens=2, eos_token_ids=(0,)))
+    assert [s.sample(x).item() for _ in range(3)] == [1, 1, 0]
+    s.new_reply()
+    assert [s.sample(x).item() for _ in range(3)] == [1, 1, 0]
+    assert [s.sample(x).item() for _ in range(2)] == [0, 0]  # no new reply: nothing held back

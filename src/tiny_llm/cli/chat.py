@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"tiny-llm: error: {e}", file=sys.stderr)
             continue
         pieces, last = [], None
-        engine.reset_grammar()  # every reply follows the grammar from its start
+        engine.new_reply()  # every reply follows the grammar from its start, and --min-tokens anew
         try:
             _, last = stream(model, tokenizer, prompt, args, sampler=engine, pieces=pieces, prefix_cache=cache)
         except KeyboardInterrupt:

@@ -119,6 +119,13 @@ class Sampler:
         for r in self._rows:
             r.grammar_state = None
 
+    def new_reply(self) -> None:
+        """The next draws begin a new reply (a chat's next turn): every row's grammar starts
+        again and `min_tokens` counts from here, while the random streams go on."""
+        self.reset_grammar()
+        for r in self._rows:
+            r.reply_start = r.counter
+
     # ---- public API -----------------------------------------------------------------------
 
     def distribution(self, logits: mx.array, history: History = None) -> mx.array:
@@ -660,7 +667,7 @@ def _prefix(x: mx.array, rows: list[Row]) -> mx.array:
         x = x.at[mx.array(r_), mx.array(c_)].add(mx.array(v_, dtype=mx.float32))
     r_, c_ = [], []
     for g, r in enumerate(rows):
-        if r.counter < r.params.min_tokens:
+        if r.counter - r.reply_start < r.params.min_tokens:
             for token in r.params.eos_token_ids:
                 if token < V:
                     r_.append(g), c_.append(token)

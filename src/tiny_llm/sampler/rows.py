@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 @dataclass
 class Row:
     """One batch row: `params`, the `seed` of its random stream, and its state — `counter`
-    (tokens drawn so far: the position in the stream), `mu` (mirostat's running estimate)
+    (tokens drawn so far: the position in the stream), `reply_start` (the counter when the
+    current reply began: `min_tokens` counts from it), `mu` (mirostat's running estimate)
     and `grammar_state` (None: the grammar's start). `breakers` are the DRY sequence
     breakers as token ids; `matcher` is the row's grammar over the vocabulary."""
 
@@ -31,6 +32,7 @@ class Row:
     breakers: tuple[tuple[int, ...], ...] = ()
     matcher: TokenMatcher | None = None
     counter: int = 0
+    reply_start: int = 0
     mu: float = field(init=False)
     grammar_state: int | None = None
     # The cheapest path the parameters allow: "greedy", "plain" (temperature, min-p and
@@ -50,7 +52,7 @@ class Row:
 
     def restart(self) -> None:
         """Back to the first draw: counter 0, mirostat's first estimate, the grammar's start."""
-        self.counter, self.mu, self.grammar_state = 0, self.first_mu(), None
+        self.counter, self.reply_start, self.mu, self.grammar_state = 0, 0, self.first_mu(), None
 
     def fork(self, seed: int | None = None) -> "Row":
         """A copy that goes on independently (with another `seed`, if given)."""
