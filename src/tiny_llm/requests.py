@@ -21,7 +21,6 @@ from dataclasses import dataclass, fields, replace
 
 from .constrain import Grammar
 from .sampler import SamplingParams
-from .sampler.checks import check_int
 from .tokenizer import Tokenizer
 
 PARAMS = frozenset(f.name for f in fields(SamplingParams))

@@ -3,7 +3,7 @@
 `tiny_llm.generate.stream_generate` (the course's entry point, week 1 day 6) is a few lines
 over these pieces: `open_request` checks the request and takes the prompt's pages from a
 prefix cache, `choose_tokens` adapts the sampling engine to `generate_step` (or
-`speculative_steps` replaces it), and `Request.responses` turns the steps into
+`speculative_steps` replaces it), and `Generation.responses` turns the steps into
 `GenerationResponse`s. Nothing here imports `tiny_llm.generate`: the import graph stays a DAG.
 """
 
@@ -56,7 +56,7 @@ class GenerationResponse:
 
 
 @dataclass
-class Request:
+class Generation:
     """One `stream_generate` call after its checks. `prompt [L]` is the whole prompt,
     `max_tokens` the limit (-1 turned into the room the context leaves, when the model has a
     context) and `cache` the cache to continue: the caller's `prompt_cache`, or with a prefix
@@ -75,7 +75,7 @@ class Request:
     table: "BlockTable | None" = None
     generated: list[int] = field(default_factory=list)
 
-    def __enter__(self) -> "Request":
+    def __enter__(self) -> "Generation":
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
@@ -141,7 +141,7 @@ def open_request(
     kv_cache: bool | None,
     prefix_cache: "PrefixCache | None",
     speculative: bool,
-) -> Request:
+) -> Generation:
     """Check `stream_generate`'s prompt, `max_tokens` and cache options and, with a
     `prefix_cache`, take the cached pages of the prompt's start (open the result in a `with`
     block: leaving it gives them back)."""
@@ -152,7 +152,7 @@ def open_request(
     cached = prompt_cache[0].offset if prompt_cache else 0  # positions the cache holds already
     max_tokens = check_context(model, cached + prompt.size, max_tokens)
     if prefix_cache is None:
-        return Request(prompt, max_tokens, prompt_cache)
+        return Generation(prompt, max_tokens, prompt_cache)
     if prompt_cache is not None or kv_cache is False or speculative:
         raise ValueError("prefix_cache makes the cache itself: it does not combine with prompt_cache, "
                          "kv_cache=False or speculative decoding")
@@ -162,7 +162,7 @@ def open_request(
 
     table = prefix_cache.lookup(prompt.tolist())
     cache = make_prompt_cache(model, pool=prefix_cache.pool, tables=[table])
-    return Request(prompt, max_tokens, cache, reused=table.length, prefix_cache=prefix_cache, table=table)
+    return Generation(prompt, max_tokens, cache, reused=table.length, prefix_cache=prefix_cache, table=table)
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ class TokenChoice:
 
 
 def choose_tokens(
-    request: Request,
+    request: Generation,
     tokenizer: Tokenizer,
     *,
     sampler: SamplerFunction | None,
@@ -239,7 +239,7 @@ def _engine_sampler(
 
 
 def speculative_steps(
-    request: Request,
+    request: Generation,
     model: CachedModel,
     tokenizer: Tokenizer,
     *,

@@ -5,9 +5,9 @@ import argparse
 import re
 from pathlib import Path
 
-from ..defaults import CPU_PREFILL_STEP_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE, PREFIX_CACHE_BYTES, \
-    TEMPERATURE, BatchSettings
-from ..requests import CONSTRAINTS, FieldError, Request, build_request, respelled
+from ..defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE,
+                        PREFIX_CACHE_BYTES, TEMPERATURE, BatchSettings)
+from ..requests import FieldError, Request, build_request, respelled
 from .common import UserError, prefill_step
 
 
@@ -61,8 +61,6 @@ def check_cache_options(args: argparse.Namespace) -> None:
 
 
 def add_batch_size_option(parser: argparse.ArgumentParser) -> None:
-    from ..defaults import MAX_BATCH_SIZE
-
     parser.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE,
                         help=f"most requests decoding together; the others wait (default {MAX_BATCH_SIZE})")
 
@@ -155,8 +153,9 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def request_fields(args: argparse.Namespace) -> dict:
-    """The request the sampling flags describe, as fields of `tiny_llm.requests`; a
-    --grammar or --json-schema file is read here (once)."""
+    """The request the sampling flags describe, as fields of `tiny_llm.requests`: a
+    --grammar or --json-schema file is read here, and once `request` has compiled the
+    constraint, the compiled grammar stands in its place."""
     fields = {field: getattr(args, field) for _, field, _, _ in SAMPLING_FLAGS}
     fields.update(max_tokens=args.max_tokens, logit_bias=args.logit_bias, order=args.order,
                   grammar_first=args.grammar_first)
@@ -167,12 +166,11 @@ def request_fields(args: argparse.Namespace) -> dict:
                                                ("--regex", args.regex)) if value is not None]
     if not given and args.grammar_first:
         raise UserError("--grammar-first needs --grammar, --json-schema or --regex")
+    compiled = getattr(args, "_grammar", None)
     for flag, value in given:
-        text = value
-        if flag != "--regex":
-            text = getattr(args, "_read", {}).get(flag) or read_text_file(flag, value)
-            args._read = {**getattr(args, "_read", {}), flag: text}
-        fields[flag.strip("-").replace("-", "_")] = text
+        if compiled is None and flag != "--regex":
+            value = read_text_file(flag, value)
+        fields[flag.strip("-").replace("-", "_")] = compiled or value
     return fields
 
 
@@ -196,11 +194,8 @@ def request(args: argparse.Namespace, tokenizer=None, vocab_size: int | None = N
     """The request of the flags (`tiny_llm.requests.build_request`), its mistakes a UserError
     naming the flag. Without a tokenizer the flags are checked before a model is loaded.
     A constraint is compiled once and kept in `args`."""
-    fields = request_fields(args)
-    if getattr(args, "_grammar", None) is not None:
-        fields.update((k, args._grammar) for k in CONSTRAINTS if k in fields)
     try:
-        built = build_request(fields, tokenizer, spell=flag_of, label=lambda f: flag_label(f, args),
+        built = build_request(request_fields(args), tokenizer, spell=flag_of, label=lambda f: flag_label(f, args),
                               vocab_size=vocab_size, unlimited=True, verb="pass")
     except FieldError as e:
         raise UserError(str(e)) from None
