@@ -1,10 +1,12 @@
 """The mlx-lm-compatible facade of `tiny_llm.sampler` against `mlx_lm.sample_utils`.
 
-Same names, arguments and results as mlx-lm on seeded random inputs, hand-made exact cases,
-the documented differences (ties kept by top-k, per-row histories in the penalties) and a
-clear `ValueError` for every bad argument.
+Same names, arguments and results as mlx-lm on seeded random inputs (for `make_sampler`,
+the same tokens under the same seed, and its filter order on hand-made rows), hand-made exact
+cases, the documented differences (ties kept by top-k, per-row histories in the penalties,
+values mlx-lm accepts silently) and a clear `ValueError` for every bad argument.
 """
 
+import inspect
 import math
 import re
 
@@ -559,3 +561,295 @@ def test_error_messages_name_the_argument_and_the_value():
     with pytest.raises(ValueError) as info:
         ours.make_repetition_penalty(-2.0)
     assert re.fullmatch(r"repetition_penalty must be in \(0\.0, inf\), got -2\.0", str(info.value))
+
+
+# ---------------------------------------------------------------------------------------------
+# make_sampler: the drop-in for mlx-lm's (tiny_llm.sampler.make_sampler is the course's)
+
+# Each half-precision row of `distinct_logits` is scaled by a power of two (exact, so still
+# tie-free) until its top values lie about 0.25 apart, so that the filters have work to do.
+SPREAD = {mx.float16: 64.0, mx.bfloat16: 8.0}
+# Stands for "token 0 and the two most likely tokens of row 0" in a configuration.
+TOP_OF_ROW_0 = "token 0 and the two most likely tokens of row 0"
+
+SAMPLER_CONFIGS = {
+    "greedy": dict(),
+    "greedy-ignores-filters": dict(temp=0.0, top_p=0.5, min_p=0.2, top_k=3, xtc_probability=1.0),
+    "temp": dict(temp=0.7),
+    "top_p": dict(temp=0.9, top_p=0.8),
+    "top_p-1-is-off": dict(temp=0.9, top_p=1.0),
+    "min_p": dict(temp=1.0, min_p=0.1),
+    "min_p-keep-5": dict(temp=1.0, min_p=0.9, min_tokens_to_keep=5),
+    "top_k": dict(temp=1.5, top_k=5),
+    "xtc-always": dict(temp=1.0, xtc_probability=1.0, xtc_threshold=0.05),
+    "xtc-never": dict(temp=1.0, xtc_probability=0.0, xtc_threshold=0.05),
+    "xtc-half": dict(temp=1.0, xtc_probability=0.5, xtc_threshold=0.05),
+    "xtc-special": dict(temp=1.0, xtc_probability=1.0, xtc_threshold=0.05, xtc_special_tokens=TOP_OF_ROW_0),
+    "all-but-xtc": dict(temp=0.7, top_p=0.9, min_p=0.05, min_tokens_to_keep=2, top_k=40),
+    "all": dict(temp=0.8, top_p=0.95, min_p=0.02, min_tokens_to_keep=3, top_k=20,
+                xtc_probability=1.0, xtc_threshold=0.05, xtc_special_tokens=TOP_OF_ROW_0),
+    "all-xtc-half": dict(temp=1.2, top_p=0.9, min_p=0.01, min_tokens_to_keep=2, top_k=30,
+                         xtc_probability=0.5, xtc_threshold=0.04, xtc_special_tokens=[0, 1, 2]),
+}
+# Configurations under which every filter is off: their tokens are plain temperature draws.
+NO_FILTER = {"greedy", "greedy-ignores-filters", "temp", "top_p-1-is-off", "xtc-never"}
+# (B, V): one row to sixteen; V above every top_k of the configurations.
+SAMPLER_SHAPES = [(1, 64), (4, 1000), (16, 256)]
+
+
+def sampler_inputs(shape, dtype, seed) -> mx.array:
+    """Tie-free rows (checked): float32 normal log-probabilities, or in half precision
+    `distinct_logits` scaled and shifted to a maximum of 0 (their exponentials do not
+    underflow; mlx-lm's top-p divides by their sum)."""
+    if dtype == mx.float32:
+        x = log_softmax(random_logits(shape, seed=seed))
+    else:
+        x = distinct_logits(shape, dtype, seed) * SPREAD[dtype]
+        x = x - mx.max(x, axis=-1, keepdims=True)
+    assert x.dtype == dtype
+    assert all(kth_largest_is_unique(x, k) for k in (1, 2, 3, 5, 20, 30, 40))
+    return x
+
+
+def resolve(config, x) -> dict:
+    """The configuration's keyword arguments, with TOP_OF_ROW_0 replaced by those tokens of `x`."""
+    kwargs = dict(config)
+    if kwargs.get("xtc_special_tokens") == TOP_OF_ROW_0:
+        top2 = mx.argsort(-x[0].astype(mx.float32))[:2].tolist()
+        kwargs["xtc_special_tokens"] = [0, *top2]
+    return kwargs
+
+
+def seeded_draws(sampler, x, seeds, calls=3) -> list[list[list[int]]]:
+    """For each seed: `mx.random.seed(seed)`, then `calls` draws in a row (so the random state
+    each call leaves behind matters too)."""
+    out = []
+    for seed in seeds:
+        mx.random.seed(seed)
+        out.append([sampler(x).tolist() for _ in range(calls)])
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SAMPLER_SHAPES)
+@pytest.mark.parametrize("name", list(SAMPLER_CONFIGS))
+def test_make_sampler_matches_mlx_lm(name, shape, dtype):
+    """Under the same mx.random.seed, the drop-in's tokens are mlx-lm's, call after call."""
+    B, V = shape
+    x = sampler_inputs(shape, dtype, seed=71 + V + B)
+    kwargs = resolve(SAMPLER_CONFIGS[name], x)
+    sampler = ours.mlx_compat.make_sampler(**kwargs)
+    seeds = range(10)
+    draws = seeded_draws(sampler, x, seeds)
+    assert draws == seeded_draws(ref.make_sampler(**kwargs), x, seeds)
+    mx.random.seed(0)
+    tokens = sampler(x)
+    assert tokens.shape == (B,) and tokens.dtype == mx.uint32
+    if name.startswith("greedy"):
+        assert all(d == [mx.argmax(x, axis=-1).tolist()] * 3 for d in draws)
+        return
+    assert len({str(d) for d in draws}) > 1  # sampling, not argmax
+    if name not in NO_FILTER:  # the inputs give the filters something to remove
+        plain = seeded_draws(ref.make_sampler(temp=kwargs["temp"]), x, seeds)
+        assert draws != plain
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_make_sampler_matches_mlx_lm_on_half_precision_logprobs(dtype):
+    """On half-precision log-probabilities (ties and all, as a model's logits give them),
+    filters without a top-k give mlx-lm's tokens: the draw scales `logprobs / temp` in their
+    dtype, as mlx-lm does (in float32 about 1 draw in 500 comes out differently)."""
+    x = log_softmax(random_logits((256, 2000), dtype, seed=81))
+    for kwargs in (dict(temp=0.3), dict(temp=0.7, top_p=0.9), dict(temp=1.3, min_p=0.05)):
+        draws = seeded_draws(ours.mlx_compat.make_sampler(**kwargs), x, range(4), calls=1)
+        assert draws == seeded_draws(ref.make_sampler(**kwargs), x, range(4), calls=1), kwargs
+    # categorical_sampling is the same draw.
+    draws = seeded_draws(lambda x: ours.categorical_sampling(x, 0.3), x, range(4), calls=1)
+    assert draws == seeded_draws(lambda x: ref.categorical_sampling(x, 0.3), x, range(4), calls=1)
+
+
+def support(sampler, rows, n=1000, seed=0) -> list[set[int]]:
+    """The tokens drawn for each of `rows` (probabilities) over `n` copies of it in one batch."""
+    R = len(rows)
+    x = mx.tile(mx.log(mx.array(rows)), (n, 1))  # n * R, V: the rows in turn
+    mx.random.seed(seed)
+    tokens = np.array(sampler(x)).reshape(n, R)
+    return [set(tokens[:, r].tolist()) for r in range(R)]
+
+
+# Hand-made rows on which mlx-lm's order (top-p, min-p, XTC, top-k, then temperature) keeps
+# other tokens than a neighbouring order would: (row, arguments, kept, kept by that other order).
+ORDER_CASES = {
+    # top-p on the full row: the mass above token 2 is 0.4 < 0.5; top-k first keeps {2, 3}
+    # and top-p on their renormalised (3/7, 4/7) stops at token 3.
+    "top_p-before-top_k": ([0.1, 0.2, 0.3, 0.4], dict(temp=1.0, top_p=0.5, top_k=2), {2, 3}, {3}),
+    # top-p keeps {0, 1, 2} (mass above token 2 is 0.8 < 0.85), min-p 0.2 drops token 3 only;
+    # min-p first leaves a mass of 0.92, over which 0.8 / 0.92 >= 0.85 drops token 2.
+    "top_p-before-min_p": ([0.5, 0.3, 0.12, 0.08], dict(temp=1.0, top_p=0.85, min_p=0.2), {0, 1, 2}, {0, 1}),
+    # min-p 0.45 keeps {0, 1, 2}, all above 0.15 once renormalised: XTC leaves the least, 2;
+    # XTC first keeps {2, 3}, and min-p then keeps both.
+    "min_p-before-xtc": ([0.4, 0.3, 0.2, 0.1], dict(temp=1.0, min_p=0.45, xtc_probability=1.0,
+                                                    xtc_threshold=0.15), {2}, {2, 3}),
+    # XTC keeps {2, 3}, top-k 1 then token 2; top-k first keeps token 0, which XTC leaves.
+    "xtc-before-top_k": ([0.4, 0.3, 0.2, 0.1], dict(temp=1.0, xtc_probability=1.0, xtc_threshold=0.15,
+                                                    top_k=1), {2}, {0}),
+    # top-p 0.6 keeps {0, 1}, XTC leaves token 1; XTC first keeps {2, 3}, top-p then token 2.
+    "top_p-before-xtc": ([0.4, 0.3, 0.2, 0.1], dict(temp=1.0, top_p=0.6, xtc_probability=1.0,
+                                                    xtc_threshold=0.15), {1}, {2}),
+    # Temperature last: softmax(3, 2, 1) = (.665, .245, .090), top-p 0.8 keeps {0, 1}; with
+    # temperature 0.5 first, token 0 alone has 0.867 > 0.8.
+    "temperature-last": ([0.6652, 0.2447, 0.0900], dict(temp=0.5, top_p=0.8), {0, 1}, {0}),
+}
+
+
+@pytest.mark.parametrize("name", list(ORDER_CASES))
+def test_make_sampler_filter_order(name):
+    """mlx-lm's filter order, on rows where another order keeps other tokens."""
+    row, kwargs, kept, other_order = ORDER_CASES[name]
+    assert kept != other_order
+    (drawn,) = support(ours.mlx_compat.make_sampler(**kwargs), [row])
+    assert drawn == kept
+    assert support(ref.make_sampler(**kwargs), [row]) == [kept]
+
+
+def test_make_sampler_filters_each_row_on_its_own():
+    """Two rows in one batch keep their own tokens (a union of the rows' masks would not)."""
+    rows = [[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]
+    kwargs = dict(temp=1.0, top_p=0.5, top_k=2, xtc_probability=1.0, xtc_threshold=0.35)
+    # Row 0: top-p keeps {2, 3}, renormalised to 3/7 and 4/7, both above 0.35, so XTC
+    # removes all but the least likely: token 2. Row 1 mirrors it.
+    expected = [{2}, {1}]
+    assert support(ours.mlx_compat.make_sampler(**kwargs), rows) == expected
+    assert support(ref.make_sampler(**kwargs), rows) == expected
+
+
+def test_make_sampler_signature_is_mlx_lm_s():
+    """Same parameter names, order, kinds and defaults as mlx_lm.sample_utils.make_sampler."""
+    def described(f):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+    assert described(ours.mlx_compat.make_sampler) == described(ref.make_sampler)
+    assert [name for name, _, _ in described(ours.mlx_compat.make_sampler)] == [
+        "temp", "top_p", "min_p", "min_tokens_to_keep", "top_k",
+        "xtc_probability", "xtc_threshold", "xtc_special_tokens",
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((0.7, 0.9, 0.05, 2, 40), dict(temp=0.7, top_p=0.9, min_p=0.05, min_tokens_to_keep=2, top_k=40)),
+     ((1.0, 0.95, 0.02, 3, 20, 1.0, 0.05, [0, 7]),
+      dict(temp=1.0, top_p=0.95, min_p=0.02, min_tokens_to_keep=3, top_k=20, xtc_probability=1.0,
+           xtc_threshold=0.05, xtc_special_tokens=[0, 7])),
+     ((0.8, 0.0, 0.0, 1, 5), dict(temp=0.8, top_k=5))],
+    ids=["five", "eight", "top_k-fifth"],
+)
+def test_make_sampler_positional_calls_equal_keyword_calls(args, kwargs):
+    """Positional arguments land where mlx-lm puts them: same tokens as the keyword call
+    and as mlx-lm's positional call."""
+    x = sampler_inputs((4, 1000), mx.float32, seed=91)
+    by_position = seeded_draws(ours.mlx_compat.make_sampler(*args), x, range(5))
+    assert by_position == seeded_draws(ours.mlx_compat.make_sampler(**kwargs), x, range(5))
+    assert by_position == seeded_draws(ref.make_sampler(*args), x, range(5))
+
+
+def test_make_sampler_names():
+    """The drop-in lives in the facade module; `tiny_llm.sampler.make_sampler` (and
+    `tiny_llm.make_sampler`) stay the course's `(temp, top_p, top_k)` exercise."""
+    import tiny_llm
+    from tiny_llm.sampler import basic, mlx_compat
+    from tiny_llm.sampler.mlx_compat import make_sampler
+
+    assert make_sampler is mlx_compat.make_sampler and "make_sampler" in mlx_compat.__all__
+    assert ours.make_sampler is basic.make_sampler is tiny_llm.make_sampler
+    assert make_sampler is not ours.make_sampler
+    assert make_sampler(0.0) is mlx_compat.greedy_sampler  # as mlx-lm returns its greedy_sampler
+
+
+# Bad values of temp, and of each other argument (checked with temp = 1 and with temp = 0).
+BAD_TEMPS = [
+    (dict(temp=-0.5), r"temp must be in \[0\.0, inf\), got -0\.5"),
+    (dict(temp=math.inf), r"temp must be in \[0\.0, inf\), got inf"),
+    (dict(temp=math.nan), r"temp must be a number, got nan"),
+    (dict(temp=True), r"temp must be a number, got True"),
+]
+BAD_OTHERS = [
+    (dict(top_p=-0.1), r"top_p must be in \[0\.0, 1\.0\], got -0\.1"),
+    (dict(top_p=1.5), r"top_p must be in \[0\.0, 1\.0\], got 1\.5"),
+    (dict(top_p=None), r"top_p must be a number, got None"),
+    (dict(min_p=1.5), r"min_p must be in \[0\.0, 1\.0\], got 1\.5"),
+    (dict(min_p=0.1, min_tokens_to_keep=0), r"min_tokens_to_keep must be in \[1, inf\), got 0"),
+    (dict(min_tokens_to_keep=2.5), r"min_tokens_to_keep must be an integer, got 2\.5"),
+    (dict(top_k=-1), r"top_k must be in \[0, inf\), got -1"),
+    (dict(top_k=2.5), r"top_k must be an integer, got 2\.5"),
+    (dict(top_k=True), r"top_k must be an integer, got True"),
+    (dict(xtc_probability=-0.5), r"xtc_probability must be in \[0\.0, 1\.0\], got -0\.5"),
+    (dict(xtc_probability=1.5), r"xtc_probability must be in \[0\.0, 1\.0\], got 1\.5"),
+    (dict(xtc_threshold=0.6), r"xtc_threshold must be in \[0\.0, 0\.5\], got 0\.6"),
+    (dict(xtc_special_tokens=[3, -1]), r"xtc_special_tokens entry must be in \[0, inf\), got -1"),
+    (dict(xtc_special_tokens=[1.5]), r"xtc_special_tokens entry must be an integer, got 1\.5"),
+    (dict(xtc_special_tokens=7), r"xtc_special_tokens must be a list of token ids or None, got 7"),
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    BAD_TEMPS + [(dict(case, temp=temp), pattern) for temp in (1.0, 0.0) for case, pattern in BAD_OTHERS],
+)
+def test_make_sampler_rejects_bad_arguments(kwargs, pattern):
+    """Every argument is checked when the sampler is built, even for temp = 0 (mlx-lm then
+    returns its greedy sampler without looking at the others)."""
+    with pytest.raises(ValueError, match=pattern):
+        ours.mlx_compat.make_sampler(**kwargs)
+
+
+# What mlx-lm accepts without a word and the drop-in refuses, with what mlx-lm does with it.
+MLX_LM_SILENT = {
+    "negative-temp": dict(temp=-1.0),  # draws from the reversed distribution
+    "top_p-above-1": dict(temp=1.0, top_p=1.5),  # top-p off
+    "negative-top_p": dict(temp=1.0, top_p=-0.2),  # top-p off
+    "negative-top_k": dict(temp=1.0, top_k=-1),  # top-k off
+    "negative-xtc_probability": dict(temp=1.0, xtc_probability=-0.5),  # XTC off
+    "xtc_threshold-unused": dict(temp=1.0, xtc_threshold=0.9),  # ignored while XTC is off
+    "min_tokens_to_keep-unused": dict(temp=1.0, min_tokens_to_keep=0),  # ignored while min-p is off
+    "negative-special-token": dict(temp=1.0, xtc_probability=1.0, xtc_special_tokens=[-1]),  # the last token
+    "min_p-under-greedy": dict(temp=0.0, min_p=5.0),  # ignored: greedy
+}
+
+
+@pytest.mark.parametrize("name", list(MLX_LM_SILENT))
+def test_make_sampler_refuses_what_mlx_lm_accepts_silently(name):
+    """The documented difference: values mlx-lm ignores or misreads raise here."""
+    kwargs = MLX_LM_SILENT[name]
+    x = mx.log(mx.array([[0.1, 0.2, 0.3, 0.4]]))
+    assert ref.make_sampler(**kwargs)(x).shape == (1,)
+    with pytest.raises(ValueError, match="must be"):
+        ours.mlx_compat.make_sampler(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [(dict(temp=1.0, top_k=8), r"top_k must be in \[0, 7\] for logprobs of 8 tokens \(0 is off\), got 8"),
+     (dict(temp=1.0, top_k=100), r"top_k must be in \[0, 7\] .*got 100"),
+     (dict(temp=1.0, xtc_probability=0.5, xtc_special_tokens=[2, 8]),
+      r"xtc_special_tokens entry must be in \[0, 7\], got 8")],
+)
+def test_make_sampler_checks_the_vocabulary_when_called(kwargs, pattern):
+    """What depends on V is checked when the sampler is called, before anything runs: the
+    random state is left as it was (mlx-lm raises top_k's error inside mx.compile)."""
+    sampler = ours.mlx_compat.make_sampler(**kwargs)
+    mx.random.seed(5)
+    before = mx.random.uniform().item()
+    mx.random.seed(5)
+    with pytest.raises(ValueError, match=pattern):
+        sampler(X8)
+    assert mx.random.uniform().item() == before
+
+
+def test_make_sampler_ignores_special_tokens_while_xtc_is_off():
+    """With XTC off, special tokens beyond the vocabulary are not looked at (mlx-lm's
+    generate passes the tokenizer's newline and end tokens whatever the options)."""
+    sampler = ours.mlx_compat.make_sampler(1.0, xtc_special_tokens=[3, 99])
+    mx.random.seed(2)
+    tokens = sampler(X8)
+    mx.random.seed(2)
+    assert mx.array_equal(tokens, ref.make_sampler(1.0)(X8))

@@ -1,6 +1,9 @@
 """Engine — token sampling: the week 1 day 7 `make_sampler` (`basic.py`), the mlx-lm facade
 (`mlx_compat.py`) and the sampling engine (`SamplingParams`, `Sampler`).
 
+`make_sampler` here is the course's; mlx-lm's, with its arguments and filter order, is
+`mlx_compat.make_sampler`.
+
 The engine's modules, from the bottom: `checks` (argument checks), `params` (the parameters),
 `penalties`, `dry`, `filters` and `stages` (the chain, the reference), `rng` (counter-based
 randomness), `draw` (the inverse-CDF draw), `fast` (the window path), `rows` (one row's state)
