@@ -386,36 +386,61 @@ class Program:
         return self.chain_starts[self.chain_of[e]][horizon] + self.offset[e]
 
     def _check_left_recursion(self) -> None:
-        """A rule that can reach itself before consuming a character would expand forever."""
+        """A rule that can reach itself before consuming a character would expand forever.
+        Linear in the grammar: nullable rules by counting (as in `_drop_dead_ends`), then the
+        strongly connected parts of the "can start with" graph (Tarjan's, with a work list)."""
         n = len(self.names)
-        nullable = [False] * n
-        changed = True
-        while changed:
-            changed = False
-            for r in range(n):
-                if not nullable[r] and any(self._nullable_from(s, nullable) for s in self.alts[r]):
-                    nullable[r] = changed = True
-        first: list[set[int]] = [set() for _ in range(n)]  # rules reachable at the start
+        nullable = self._nullable_rules()
+        first: list[list[int]] = [[] for _ in range(n)]  # rules reachable at the start
         for r in range(n):
             for s in self.alts[r]:
                 i = s
                 while self.kind[i] == REF:
-                    first[r].add(self.arg[i])
+                    first[r].append(self.arg[i])
                     if not nullable[self.arg[i]]:
                         break
                     i += 1
-        for r in range(n):
-            seen, todo = set(), list(first[r])
-            while todo:
-                q = todo.pop()
-                if q == r:
-                    raise LeftRecursionError(
-                        f"grammar: rule {self.names[self.owner[r]]!r} is left-recursive (it can reach "
-                        f"itself without consuming a character; so does a repetition of something "
-                        f"that can be empty, like (\"a\"?)*)")
-                if q not in seen:
-                    seen.add(q)
-                    todo.extend(first[q])
+        cyclic = [r for component in _components(first) for r in component
+                  if len(component) > 1 or r in first[r]]
+        if cyclic:
+            r = min(cyclic)
+            raise LeftRecursionError(
+                f"grammar: rule {self.names[self.owner[r]]!r} is left-recursive (it can reach "
+                f"itself without consuming a character; so does a repetition of something "
+                f"that can be empty, like (\"a\"?)*)")
+
+    def _nullable_rules(self) -> list[bool]:
+        """Which rules match the empty string: an alternative of REF elements only counts the
+        rules it still waits for, and is nullable when none is left."""
+        waiting: list[int] = []
+        owner: list[int] = []
+        users: list[list[int]] = [[] for _ in self.names]
+        done = deque()
+        for rule, starts in enumerate(self.alts):
+            for i in starts:
+                count = 0
+                while self.kind[i] == REF:
+                    users[self.arg[i]].append(len(waiting))
+                    count += 1
+                    i += 1
+                if self.kind[i] != END:
+                    count = -1  # a character: never empty
+                elif count == 0:
+                    done.append(rule)
+                waiting.append(count)
+                owner.append(rule)
+        nullable = [False] * len(self.names)
+        while done:
+            rule = done.popleft()
+            if nullable[rule]:
+                continue
+            nullable[rule] = True
+            for a in users[rule]:
+                if waiting[a] > 0:
+                    waiting[a] -= 1
+                    if waiting[a] == 0:
+                        done.append(owner[a])
+        return nullable
 
     def _drop_dead_ends(self) -> None:
         """Drop the alternatives that can never be completed: they need a character of a
@@ -461,12 +486,48 @@ class Program:
             self.alts[rule] = [i for k, i in enumerate(starts, a) if waiting[k] == 0]
             a += len(starts)
 
-    def _nullable_from(self, i: int, nullable: list[bool]) -> bool:
-        while self.kind[i] != END:
-            if self.kind[i] == CHAR or not nullable[self.arg[i]]:
-                return False
-            i += 1
-        return True
+
+
+def _components(edges: list[list[int]]) -> list[list[int]]:
+    """The strongly connected components of a graph (Tarjan's algorithm, iterative)."""
+    index: list[int | None] = [None] * len(edges)
+    low = [0] * len(edges)
+    on_stack = [False] * len(edges)
+    stack: list[int] = []
+    out: list[list[int]] = []
+    counter = 0
+    for root in range(len(edges)):
+        if index[root] is not None:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack[v] = True
+            if i < len(edges[v]):
+                work.append((v, i + 1))
+                w = edges[v][i]
+                if index[w] is None:
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component.append(w)
+                    if w == v:
+                        break
+                out.append(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return out
 
 
 class Automaton:
