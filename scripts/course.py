@@ -54,6 +54,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_constrain_grammar.py": (),
     "tests/test_constrain_regex.py": (),
     "tests/test_constrain_json_schema.py": (),
+    "tests/test_constrain_numbers.py": (),
+    "tests/test_json_schema_sampled.py": (),
     "tests/test_constrain_sampling.py": (),
     "tests/test_fuzz.py": (),
     "tests/test_layout.py": (),

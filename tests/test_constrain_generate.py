@@ -99,13 +99,13 @@ def test_cli_json_schema_prints_valid_json(tmp_path):
 
 
 FILES = {"{gbnf}": 'root ::= "a"\n', "{bad-gbnf}": 'root ::= "a"\n::= x\n',
-         "{schema}": '{"type": "object", "not": {}}'}
+         "{schema}": '{"oneOf": [{"type": "number"}, {}]}'}
 
 
 @pytest.mark.parametrize("flags, fragments", [
     (["--grammar", "/nonexistent/g.gbnf"], ["cannot read --grammar /nonexistent/g.gbnf"]),
     (["--grammar", "{bad-gbnf}"], ["--grammar", "expected a rule name", "line 2, column 1"]),
-    (["--json-schema", "{schema}"], ["--json-schema", "'not' at #"]),
+    (["--json-schema", "{schema}"], ["--json-schema", "'oneOf' at #/oneOf"]),
     (["--regex", "a(b"], ["--regex a(b", "position"]),
     (["--regex", "a", "--grammar", "{gbnf}"], ["pass one of", "--grammar and --regex"]),
     (["--regex", r"ab[^\s\S]"], [r"--regex ab[^\s\S]: regex: 'ab[^\\s\\S]' matches no text"]),

@@ -6,86 +6,72 @@ r"""Engine — JSON schemas to GBNF: a grammar whose texts are JSON documents th
 gives (root first, the other rules in alphabetical order)
 
     root ::= "{" space root-name-kv "}" space
-    char ::= [^"\x5C\x7F\x00-\x1F] | "\\" (["\x5C/bfnrt] | "u" [0-9a-fA-F]{4})
+    char ::= [^"\x5C\x7F\x00-\x1F] | "\\" (["\x5C/bfnrt] | "u" unicode-escape)
     root-name-kv ::= "\"name\"" space ":" space string
     space ::= | " " | "\n" [ \t]{0,20}
     string ::= "\"" char* "\"" space
+    unicode-escape ::= ...
 
-The conventions are llama.cpp's (`examples/json_schema_to_grammar.py`): every value rule ends in
-`space`, the top-level value has no whitespace before it, shared rules have fixed names (`space`,
-`char`, `string`, `number`, `integer`, `integral-part`, `decimal-part`, `boolean`, `null`, `value`,
-`object`, `array`, `date`, `time`, `date-time`, `uuid` and their `-string` forms), and a
-subschema's rule is named by its place: `root-name`, `root-address-city`, `root-tags-item`,
-`root-tuple-0`, `root-0` (the first `anyOf` alternative), `root-string` (a `type` list entry),
-`root-name-kv` (a property's `"key": value` pair), `root-additional-kv` (extra pairs), and
-`defs-Node` for `{"$ref": "#/$defs/Node"}` (one rule per referenced definition, so recursive
-schemas work).
+The promise is soundness: every text the grammar accepts is JSON that validates against the
+schema (draft 2020-12). Where JSON Schema allows more than the grammar writes, the grammar is
+narrower on purpose and says so below; where a keyword cannot be written exactly as a grammar,
+converting raises ValueError naming the keyword and its JSON pointer
+(`json schema: 'uniqueItems' at #/items ...`). Nothing is dropped silently.
 
-Supported keywords:
+How a schema is compiled. A schema is a conjunction: its own keywords, its `allOf` members,
+what its `$ref` and `$dynamicRef` point to, and `not` (turned into a positive schema: the
+negation of each keyword, joined by `anyOf`). Choices (`anyOf`, `oneOf`, `if`/`then`/`else`,
+`dependentSchemas`) are multiplied out into alternatives, each a flat list of schemas. Each
+alternative's keywords are merged per JSON type:
 
-- `type` (one name or a list), `enum`, `const` (each value is written as its compact
-  `json.dumps`; `type` next to them keeps the values of those types).
-- objects: `properties` (in the order listed), `required` (other properties are optional: any
-  of them may appear, in the listed order), `additionalProperties` (false: no other keys; true:
-  extra `"key": value` pairs after the listed ones, with keys that are not listed properties; a
-  schema: the same, with values of that schema). A name in `required` that is not a listed
-  property is written after them, with the `additionalProperties` schema (any value if absent).
-- arrays: `items`, `prefixItems`, `minItems`, `maxItems`.
-- strings: `minLength`, `maxLength`, `pattern` (through `regex.regex_to_gbnf_expression`, with
-  Python `re` syntax and ASCII classes; a side without `^` or `$` matches any characters, as
-  JSON Schema patterns are searched, not matched in full), `format` `date`, `time`,
-  `date-time` and `uuid` (RFC 3339 / RFC 4122 shapes, like llama.cpp).
-- integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (exact integer ranges);
-  numbers: `minimum: 0` only.
-- `anyOf`, `oneOf` (both become an alternation: a grammar cannot say "exactly one of", so a text
-  valid under several `oneOf` branches is accepted), `allOf` with one schema, and local `$ref`
-  (`#`, `#/$defs/...`, `#/definitions/...`, any JSON pointer into the document); `$defs` and
-  `definitions` hold schemas for `$ref` to point to and constrain nothing themselves.
-- boolean schemas (`true` anywhere; `false` for a property, for `items`, for a `prefixItems`
-  entry and for `additionalProperties`).
+- strings: `pattern` (searched, not matched in full), `format`, `minLength`/`maxLength`,
+  `enum`/`const` and everything `not` excludes are regular languages; they are intersected as
+  automata (`automata.DFA`) and written as one rule per state;
+- numbers: bounds, `multipleOf`, integers and excluded values are automata over the digits of
+  the number's plain spelling (`numbers.py`);
+- objects: every key named by `properties`, `required` or a dependency gets the conjunction of
+  every schema that applies to it (its property schema, the `patternProperties` it matches, else
+  `additionalProperties`, and `unevaluatedProperties` where nothing evaluated it); other keys
+  fall into classes by the patterns they match, each class a key automaton with its value's
+  conjunction; counts (`minProperties`, `maxProperties`) and `dependentRequired` are tracked by
+  the rules that write the members one after another;
+- arrays: each position gets its `prefixItems`/`items` conjunction; `contains` counts matching
+  items (exactly where its complement can be written), `uniqueItems` holds when items come
+  from a few values;
+- `oneOf` compiles when its branches are disjoint (their languages do not intersect per type,
+  or a property every branch requires has disjoint values — a discriminator); otherwise it is
+  refused with the two branches that may overlap.
 
-Ignored: annotations (`title`, `description`, `examples`, `default`, `$schema`, `$id`,
-`$comment`, `deprecated`, `readOnly`, `writeOnly`, `$anchor`, the `content...` keywords),
-`format` values other than the four above (JSON Schema treats `format` as an annotation by
-default), and words that are not JSON Schema keywords, which JSON Schema ignores as well. Every
-other keyword (`not`, `if`/`then`/`else`, `patternProperties`, `propertyNames`,
-`dependentRequired`, `dependentSchemas`, `dependencies`, `uniqueItems`, `multipleOf`,
-`minProperties`, `maxProperties`, `contains`, `unevaluated...`, `additionalItems`,
-`$dynamicRef`, remote `$ref`, ...) raises ValueError naming the keyword and its JSON pointer,
-e.g. `json schema: 'not' at #/properties/age is not supported`; so do malformed schemas and
-keyword combinations that would need an intersection of languages (`anyOf` next to `type`,
-`pattern` next to `maxLength`). The keywords that hold schemas must hold them in their shape in
-every schema that is converted, whatever types it allows: `$defs`, `definitions` and
-`properties` an object of schemas, `items` and `additionalProperties` a schema, `prefixItems` a
-list of schemas (`json schema: '$defs' at # must be an object whose values are schemas (objects
-or booleans), got bool`).
+Rules are named by place: `root-name` (a property), `root-name-kv` (its `"key": value` pair),
+`root-item`, `root-tuple-0`, `root-0` (an alternative), `defs-Node` (a `$ref` target), one rule
+per state of an automaton (`root-name-3`), so recursive schemas work.
 
-Where the grammar is stricter than JSON Schema, and why:
+Narrower than JSON Schema, on purpose:
 
-- Properties come in the order listed and, when `properties` is given without
-  `additionalProperties`, no other keys are allowed: a model then writes exactly the described
-  object, and the grammar stays small (any order would need every permutation).
+- Properties named in the schema come in the order listed (the schema itself first, then its
+  `allOf` members and references, depth first), other keys after them; when `properties` is
+  given and nothing says what other keys may be (`additionalProperties`, `patternProperties`,
+  `unevaluatedProperties`, `propertyNames`), no other keys are written.
 - No leading whitespace, bounded whitespace (`space`: nothing, one blank, or one newline and at
-  most 20 blanks or tabs), integers of at most 16 digits, fractions of at most 16 digits and
-  exponents written like integers (`1e05` and Python's `1e-07` are out), so that every stretch
-  of output ends and generation cannot run away.
-- No `1.0` for an integer, no `-0` under a lower bound of 0, and `enum`/`const` values only in
-  their compact `json.dumps` spelling (no inner whitespace, no `\u` escapes for characters
-  written plainly).
-- Strings use the escapes `char` allows (no raw DEL); the part of a string a `pattern` matches
-  is written with raw characters; the keys of extra pairs use raw characters or
-  `\" \\ \b \f \n \r \t` (one spelling per key, so that a listed name cannot sneak in spelled
-  differently). Times have at most 9 digits of fractions, no leap second, upper-case `T` and `Z`.
-- Without `type`, the types a schema's keywords apply to are the only ones allowed
-  (`{"minLength": 1}` gives strings, `{"properties": ...}` objects); a schema with none of those
-  keywords allows any value.
+  most 20 blanks or tabs).
+- Numbers without constraints have at most 16 digits per part; numbers under any constraint
+  (bounds, `multipleOf`, an excluded value, `integer` next to them) are written in plain decimal:
+  no exponent, no leading zeros, no trailing zeros after the point, no `-0`, at most 16 digits
+  after the point and (where a side is unbounded) 16 before it. An integer has no fraction.
+- `enum` and `const` values in their compact `json.dumps` spelling (numbers as above).
+- Strings under a pattern, a format, `enum`/`const`, `not` or `propertyNames`, and keys of extra
+  pairs, are written one way: the way `json.dumps(..., ensure_ascii=False)` writes them (the
+  other strings may use `\u` escapes; a surrogate pair counts as one character, a lone
+  surrogate is not written).
+- `minProperties` counts only the keys the schema names (a grammar cannot keep extra keys
+  distinct from each other); asking for more than are named is refused.
+- `format` is enforced for `date`, `time`, `date-time`, `uuid`, `email`, `ipv4` and `hostname`
+  (JSON Schema treats `format` as an annotation, so this narrows); other formats are annotations.
+- Without `type`, the types a schema's keywords are about are the only ones allowed
+  (`{"minLength": 1}` gives strings); a schema with no such keyword allows any value.
 
-Where it is looser: `oneOf` (see above); `date` does not check the day against the month; and a
-`pattern` whose language has `"`, `\` or control characters puts them in the string as they are,
-which is not valid JSON (write patterns that exclude them, e.g. `[^"\\]`).
-
-Both ways: a `\u` escape counts as one character for `minLength`/`maxLength`, so a surrogate pair
-(`\ud83d\ude00`) counts two where JSON Schema counts one; write such characters raw.
+Looser, because a grammar cannot see it: a text that repeats a key (`{"a": 1, "a": 2}`); JSON
+parsers keep one of the values.
 """
 
 from __future__ import annotations
@@ -93,22 +79,34 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urldefrag, urljoin
 
-from .escape import gbnf_class_char, gbnf_literal
+from .automata import DFA, JSON_CONTROL, JSON_CONTROL_BODY, json_string, plain
+from .escape import gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
 __all__ = ["json_schema_to_gbnf"]
 
 MAX_DIGITS = 16
-MAX_INTEGER = 10**MAX_DIGITS - 1
+MAX_ALTERNATIVES = 256  # alternatives of one schema once its choices are multiplied out
+MAX_KEY_CLASSES = 64  # classes of extra keys (by the patterns they match)
+MAX_MEMBER_STATES = 5000  # states of the rules that write an object's or an array's members
+MAX_UNIQUE_VALUES = 8  # `uniqueItems` holds over items drawn from at most this many values
+RECURSION_LIMIT = 20 * MAX_NESTING + 1000
+DEFAULT_BASE = "https://schema.invalid/root.json"  # the base URI of a document without `$id`
 
+HEX = "[0-9a-fA-F]"
 # Shared rules: name -> (body, the shared rules the body uses).
 PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "space": (r'| " " | "\n" [ \t]{0,20}', ()),
-    "char": (r'[^"\x5C\x7F\x00-\x1F] | "\\" (["\x5C/bfnrt] | "u" [0-9a-fA-F]{4})', ()),
-    "key-char": (r'[^"\x5C\x7F\x00-\x1F] | "\\" ["\x5Cbfnrt]', ()),
+    "char": (r'[^"\x5C\x7F\x00-\x1F] | "\\" (["\x5C/bfnrt] | "u" unicode-escape)', ("unicode-escape",)),
+    # A UTF-16 unit that is no surrogate, or a surrogate pair (one character).
+    "unicode-escape": (f'[0-9a-cA-Ce-fE-F] {HEX}{{3}} | [dD] [0-7] {HEX}{{2}} '
+                       rf'| [dD] [89abAB] {HEX}{{2}} "\\u" [dD] [c-fC-F] {HEX}{{2}}', ()),
     "string": (r'"\"" char* "\"" space', ("char", "space")),
     "integral-part": ('"0" | [1-9] [0-9]{0,15}', ()),
     "decimal-part": ("[0-9]{1,16}", ()),
@@ -116,50 +114,61 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     "number": ('"-"? integral-part ("." decimal-part)? ([eE] ("+" | "-")? integral-part)? space',
                ("integral-part", "decimal-part", "space")),
     "boolean": ('("true" | "false") space', ("space",)),
+    JSON_CONTROL: (JSON_CONTROL_BODY, ()),
     "null": ('"null" space', ("space",)),
     "value": ("object | array | string | number | boolean | null",
               ("object", "array", "string", "number", "boolean", "null")),
     "object": ('"{" space ( string ":" space value ( "," space string ":" space value )* )? "}" space',
                ("string", "value", "space")),
     "array": ('"[" space ( value ( "," space value )* )? "]" space', ("value", "space")),
-    "date": ('[0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] )', ()),
-    "time": ('( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? '
-             '( "Z" | ( "+" | "-" ) ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )', ()),
-    "date-time": ('date "T" time', ("date", "time")),
-    "uuid": ('[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" '
-             "[0-9a-fA-F]{12}", ()),
-    "date-string": (r'"\"" date "\"" space', ("date", "space")),
-    "time-string": (r'"\"" time "\"" space', ("time", "space")),
-    "date-time-string": (r'"\"" date-time "\"" space', ("date-time", "space")),
-    "uuid-string": (r'"\"" uuid "\"" space', ("uuid", "space")),
 }
-FORMATS = ("date", "time", "date-time", "uuid")
+# The formats that are enforced, as regexes (full match, ASCII).
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_DATE = (r"[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         r"|02-(0[1-9]|1[0-9]|2[0-9]))")
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "email": rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@({_LABEL}\.)+[A-Za-z]{{2,63}}",
+    "ipv4": rf"{_OCTET}(\.{_OCTET}){{3}}",
+    "hostname": rf"{_LABEL}(\.{_LABEL})*",
+}
+KINDS = ("null", "boolean", "object", "array", "string", "number")
 TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 
-UNSUPPORTED = frozenset({
-    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "dependencies",
-    "contains", "minContains", "maxContains", "patternProperties", "propertyNames",
-    "unevaluatedProperties", "unevaluatedItems", "additionalItems", "uniqueItems", "multipleOf",
-    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef",
-})
-RANGE_KEYWORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-# The keywords that make an untyped schema describe values of one type.
-TYPE_KEYWORDS = {
-    "object": ("properties", "required", "additionalProperties"),
-    "array": ("items", "prefixItems", "minItems", "maxItems"),
-    "string": ("minLength", "maxLength", "pattern", "format"),
-    "number": RANGE_KEYWORDS,
+NUMBER_KEYWORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "multipleOf")
+STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "format")
+OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                   "minProperties", "maxProperties", "dependentRequired", "unevaluatedProperties")
+ARRAY_KEYWORDS = ("items", "prefixItems", "minItems", "maxItems", "contains", "minContains", "maxContains",
+                  "uniqueItems", "unevaluatedItems")
+# The keywords that make an untyped schema describe values of one kind.
+KIND_KEYWORDS = {"object": OBJECT_KEYWORDS, "array": ARRAY_KEYWORDS, "string": STRING_KEYWORDS,
+                 "number": NUMBER_KEYWORDS}
+UNSUPPORTED = {
+    "dependencies": "write 'dependentRequired' or 'dependentSchemas' (draft 2019-09 and later)",
+    "additionalItems": "write 'items' after 'prefixItems' (draft 2020-12)",
+    "$recursiveRef": "write '$dynamicRef' (draft 2020-12)",
 }
 # The keywords whose value is an object of schemas, by name.
-SCHEMA_MAPS = ("$defs", "definitions", "properties")
-CONSTRAINTS = frozenset({"type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf",
-                         *(k for keys in TYPE_KEYWORDS.values() for k in keys)})
+SCHEMA_MAPS = ("$defs", "definitions", "properties", "patternProperties", "dependentSchemas")
+SINGLE_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+                  "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+SCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
 
-_NAME = re.compile(r"[a-zA-Z0-9-]+")
-_KEY_ESCAPES = '"\\bfnrt'  # what may follow a backslash in the key of an extra pair
-
+# Keywords only a negation makes (tuples, so no schema text can spell them).
+NOT_PATTERN = ("not", "pattern")
+NOT_FORMAT = ("not", "format")
+NOT_MULTIPLE = ("not", "multipleOf")
+NOT_VALUES = ("not", "enum")
+NOT_INTEGER = ("not", "integer")
 
 COMPACT_SPACE = '| " "'  # `compact=True`: at most one blank between tokens, no newlines
+_NAME = re.compile(r"[a-zA-Z0-9-]+")
 
 
 def json_schema_to_gbnf(schema: dict | bool | str, *, compact: bool = False) -> str:
@@ -167,9 +176,8 @@ def json_schema_to_gbnf(schema: dict | bool | str, *, compact: bool = False) -> 
     with `compact`, JSON on one line (a model cannot spend its tokens on whitespace).
 
     `schema` is a dict, a boolean schema, or JSON text of one. Raises ValueError for a
-    malformed schema or a keyword the conversion does not support; the message names the
-    keyword and its JSON pointer (`#/properties/age`). See the module docstring for what is
-    supported and where the grammar is stricter than JSON Schema."""
+    malformed schema or a keyword the conversion cannot write exactly; the message names the
+    keyword and its JSON pointer (`#/properties/age`). See the module docstring."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -180,7 +188,33 @@ def json_schema_to_gbnf(schema: dict | bool | str, *, compact: bool = False) -> 
                              f"schema is {MAX_NESTING} levels)") from None
     if not isinstance(schema, (dict, bool)):
         raise ValueError(f"json schema: a schema is an object or a boolean, got {type(schema).__name__}")
+    if sys.getrecursionlimit() < RECURSION_LIMIT:  # each level of nesting takes a dozen frames
+        sys.setrecursionlimit(RECURSION_LIMIT)
     return _Converter(schema, compact).grammar()
+
+
+@dataclass(frozen=True)
+class Part:
+    """One schema of a conjunction, where it sits: the base URI its references resolve
+    against, the dynamic scope (resources entered, outermost first), its JSON pointer, whether
+    what it evaluates counts for `unevaluated*` (not for the schemas a negation makes), and the
+    schemas around it at this place of the instance (whose `unevaluated*` see its evaluations)."""
+
+    schema: Any
+    base: str
+    path: str
+    scope: tuple[str, ...] = ()
+    annotating: bool = True
+    owners: frozenset[int] = frozenset()
+
+    def child(self, schema: Any, path: str, *, annotating: bool | None = None, base: str | None = None,
+              same_place: bool = True) -> Part:
+        owners = self.owners | {id(self.schema)} if same_place else frozenset()
+        return Part(schema, self.base if base is None else base, path, self.scope,
+                    self.annotating if annotating is None else annotating, owners)
+
+
+Alternative = list[Part]
 
 
 class _Converter:
@@ -188,10 +222,29 @@ class _Converter:
         self._document = document
         self._compact = compact
         self._rules: dict[str, str | None] = {"root": None}  # None: being written
-        self._refs: dict[str, str] = {"#": "root"}
-        self._depth = 0  # schemas being converted, one inside the other
+        self._done: dict[tuple, str] = {}  # a conjunction's key -> its rule
+        self._made: list[Any] = []  # schemas made here (kept alive: their ids are keys)
+        self.made: set[int] = set()  # their ids
+        self._depth = 0
+        self._resources: dict[str, Any] = {}
+        self._anchors: dict[str, Any] = {}
+        self._dynamic: dict[str, Any] = {}
+        self._base_of: dict[int, str] = {}
+        self._dfa_cache: dict[tuple, DFA] = {}
+        self._recursive: set[str] = set()  # rules named inside their own definition
+        root_base = DEFAULT_BASE
+        if isinstance(document, dict) and isinstance(document.get("$id"), str):
+            root_base = urldefrag(urljoin(DEFAULT_BASE, document["$id"]))[0]
+        self._resources[DEFAULT_BASE] = document
+        self._index(document, root_base)
         self._primitive("space")  # every grammar uses it
-        self._rules["root"] = self._expression(document, "root", "#")
+        root = Part(document, root_base, "#", (root_base,))
+        expression = self._conjunction([root], "root", "#", top=True)
+        if expression is None:
+            raise ValueError("json schema: no JSON value validates against the schema at # (its keywords "
+                             "contradict each other)" if document is not False else
+                             "json schema: the schema at # is false, so nothing matches")
+        self._rules["root"] = expression
 
     def grammar(self) -> str:
         names = ["root", *sorted(n for n in self._rules if n != "root")]
@@ -220,299 +273,1212 @@ class _Converter:
         self._rules[candidate] = body
         return candidate
 
-    def _visit(self, schema: Any, name: str, path: str) -> str:
-        """The name of a rule for `schema` (a shared rule, or a new one called `name`)."""
-        return self._named(self._expression(schema, name, path), name)
+    def _define(self, name: str, body: str) -> None:
+        self._rules[name] = body
 
     def _named(self, expression: str, name: str) -> str:
         """`expression` if it is a rule name, else a new rule `name` for it."""
         return expression if _NAME.fullmatch(expression) else self._add_rule(name, expression)
 
-    # ---- schemas ------------------------------------------------------------------------
+    def _make(self, schema: dict) -> dict:
+        self._made.append(schema)
+        self.made.add(id(schema))
+        return schema
 
-    def _expression(self, schema: Any, name: str, path: str) -> str:
-        """A GBNF expression for the JSON texts valid under `schema`."""
+    # ---- resources ----------------------------------------------------------------------
+
+    def _index(self, document: Any, base: str) -> None:
+        """Record every schema's base URI, and the resources (`$id`), anchors (`$anchor`) and
+        dynamic anchors (`$dynamicAnchor`) of the document (with a work list: documents may
+        nest deeper than Python recurses)."""
+        todo = [(document, base, True)]
+        while todo:
+            schema, base, top = todo.pop()
+            if not isinstance(schema, dict):
+                continue
+            if isinstance(schema.get("$id"), str):
+                if not top:
+                    base = urldefrag(urljoin(base, schema["$id"]))[0]
+                self._resources[base] = schema
+            self._base_of[id(schema)] = base
+            for key, table in (("$anchor", self._anchors), ("$dynamicAnchor", self._dynamic)):
+                if isinstance(schema.get(key), str):
+                    table[f"{base}#{schema[key]}"] = schema
+                    self._anchors.setdefault(f"{base}#{schema[key]}", schema)
+            for key, value in schema.items():
+                if key in SCHEMA_MAPS and isinstance(value, dict):
+                    todo += [(sub, base, False) for sub in value.values()]
+                elif key in SINGLE_SCHEMAS:
+                    todo.append((value, base, False))
+                elif key in SCHEMA_LISTS and isinstance(value, list):
+                    todo += [(sub, base, False) for sub in value]
+
+    def _target(self, part: Part, keyword: str) -> Part:
+        """The part a `$ref` or `$dynamicRef` of `part` points to."""
+        ref = part.schema[keyword]
+        where = part.path
+        if not isinstance(ref, str):
+            raise ValueError(f"json schema: {keyword!r} at {where} must be a string")
+        uri = urljoin(part.base, ref)
+        resource, fragment = urldefrag(uri)
+        if resource not in self._resources:
+            raise ValueError(f"json schema: {keyword!r} at {where} is {ref!r}, which is outside this "
+                             "document (remote references are not fetched)")
+        if fragment.startswith("/") or not fragment:
+            target: Any = self._resources[resource]
+            for token in fragment[1:].split("/") if fragment else ():
+                token = unquote(token).replace("~1", "/").replace("~0", "~")
+                if isinstance(target, dict) and token in target:
+                    target = target[token]
+                elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+                    target = target[int(token)]
+                else:
+                    raise ValueError(f"json schema: {keyword!r} at {where} ({ref!r}) does not resolve")
+        elif f"{resource}#{fragment}" in self._anchors:
+            target = self._anchors[f"{resource}#{fragment}"]
+        else:
+            raise ValueError(f"json schema: {keyword!r} at {where} ({ref!r}) names no anchor of the document")
+        if keyword == "$dynamicRef" and isinstance(target, dict) and target.get("$dynamicAnchor") == fragment:
+            for outer in part.scope:  # the outermost resource in scope with this dynamic anchor
+                if f"{outer}#{fragment}" in self._dynamic:
+                    target = self._dynamic[f"{outer}#{fragment}"]
+                    break
+        base = self._base_of.get(id(target), resource)
+        scope = part.scope if base in part.scope else (*part.scope, base)
+        label = ref if ref.startswith("#") else f"{where}/{keyword}"
+        return Part(target, base, label, scope, part.annotating, part.owners | {id(part.schema)})
+
+    def _follow(self, part: Part) -> None:
+        """ValueError if a chain of references from `part` comes back without a value."""
+        start, seen = part.path, {id(part.schema)}
+        while _only_ref(part.schema):
+            part = self._target(part, "$ref")
+            if id(part.schema) in seen:
+                raise ValueError(f"json schema: '$ref' at {start} leads back to itself without a value")
+            seen.add(id(part.schema))
+
+    # ---- conjunctions -------------------------------------------------------------------
+
+    def _conjunction(self, parts: list[Part], name: str, path: str, top: bool = False) -> str | None:
+        """A rule (or expression) for the values valid under every part; None if none is."""
+        if all(_trivial(p.schema) for p in parts):
+            for p in parts:
+                if isinstance(p.schema, dict):
+                    _check_keywords(p.schema, p.path)
+            return self._primitive("value")
+        if len(parts) == 1 and _only_ref(parts[0].schema):  # a reference alone: its target's rule
+            _check_keywords(parts[0].schema, parts[0].path)
+            ref = parts[0].schema["$ref"]
+            target = self._target(parts[0], "$ref")
+            if target.schema is not parts[0].schema and _only_ref(target.schema):
+                self._follow(parts[0])
+            if target.schema is not parts[0].schema:
+                label = _slug(ref[2:]) or "ref" if isinstance(ref, str) and ref.startswith("#") else name
+                return self._conjunction([target], label, target.path)
+        path = parts[0].path if parts else path
+        key = tuple((id(p.schema), p.base, p.scope, p.annotating) for p in parts)
+        if key in self._done:
+            rule = self._done[key]
+            if rule is not None and self._rules.get(rule, "") is None:
+                self._recursive.add(rule)  # named while it is being written
+            return rule
         if self._depth == MAX_NESTING:
             shown = path if len(path) <= 80 else path[:80] + "..."
             raise ValueError(f"json schema: the schema at {shown} is nested more than {MAX_NESTING} deep")
+        rule = "root" if top else self._add_rule(name, None)
+        self._done[key] = rule
         self._depth += 1
         try:
-            return self._expression_of(schema, name, path)
+            expression = self._alternatives(self._expand(parts, frozenset()), rule, path)
         finally:
             self._depth -= 1
+        if expression is None:
+            self._done[key] = None
+            if not top:
+                del self._rules[rule]
+            return None
+        if top:
+            return expression
+        if _NAME.fullmatch(expression) and rule not in self._recursive:
+            del self._rules[rule]  # another rule's name: no alias needed
+            self._done[key] = expression
+            return expression
+        self._rules[rule] = expression
+        return rule
 
-    def _expression_of(self, schema: Any, name: str, path: str) -> str:
+    def _expand(self, parts: list[Part], active: frozenset[int]) -> list[Alternative]:
+        """The conjunction as alternatives, each a flat list of parts with no choice left."""
+        items: list = []  # parts and choices, in the order the schemas list them
+        seen: set[tuple] = set()
+        for part in parts:
+            if not self._flatten(part, active, items, items, seen):
+                return []
+        alternatives: list[Alternative] = [[]]
+        for item in items:
+            if isinstance(item, Part):
+                for alternative in alternatives:
+                    alternative.append(item)
+                continue
+            keyword, where, options, inner = item
+            expanded = [self._expand(option, inner) for option in options]
+            if keyword == "oneOf":
+                self._check_disjoint(expanded, where)
+            alternatives = [alt + branch for alt in alternatives for option in expanded for branch in option]
+            if len(alternatives) > MAX_ALTERNATIVES:
+                raise ValueError(f"json schema: {keyword!r} at {where} multiplies the schema into more than "
+                                 f"{MAX_ALTERNATIVES} alternatives")
+        return alternatives
+
+    def _flatten(self, part: Part, active: frozenset[int], leaves: list[Part], choices: list,
+                 seen: set[tuple]) -> bool:
+        """Add `part` and the parts it implies at the same place to `leaves`, and its choices
+        to `choices`; False if `part` is the false schema."""
+        schema = part.schema
         if schema is True:
-            return self._primitive("value")
+            return True
         if schema is False:
-            raise ValueError(f"json schema: the schema at {path} is false, so nothing matches")
-        _check_schema(schema, path)
-        for key in schema:
-            if key in UNSUPPORTED:
-                raise ValueError(f"json schema: {key!r} at {path} is not supported")
-        if not isinstance(schema.get("format", ""), str):
-            raise ValueError(f"json schema: 'format' at {path} must be a string")
-        _check_subschemas(schema, path)
-        if "$ref" in schema:
-            self._alone(schema, "$ref", path)
-            return self._ref(schema["$ref"], path)
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                self._alone(schema, key, path)
-                return self._union(_schema_list(schema, key, path), name, f"{path}/{key}")
-        if "allOf" in schema:
-            self._alone(schema, "allOf", path)
-            parts = _schema_list(schema, "allOf", path)
-            if len(parts) != 1:
-                raise ValueError(f"json schema: 'allOf' at {path} with {len(parts)} schemas is not "
-                                 "supported (only one)")
-            return self._expression(parts[0], name, f"{path}/allOf/0")
-        if "enum" in schema or "const" in schema:
-            return self._constants(schema, path)
-        types = self._types(schema, path)
-        if not types:
-            return self._primitive("value")
-        if len(types) == 1:
-            return self._typed(types[0], schema, name, path)
-        return " | ".join(self._named(self._typed(t, schema, f"{name}-{t}", path), f"{name}-{t}")
-                          for t in types)
+            return False
+        _check_schema(schema, part.path)
+        base = self._base_of.get(id(schema), part.base)
+        if base != part.base:  # a schema with its own `$id`: a resource of its own
+            part = replace(part, base=base, scope=part.scope if base in part.scope else (*part.scope, base))
+        if _only_ref(schema):
+            self._follow(part)
+        if id(schema) in active:
+            raise ValueError("json schema: a '$ref' leads back to a schema that holds it before any "
+                             f"character of a value is read (at {part.path})")
+        key = (id(schema), part.base, part.annotating)
+        if key in seen:
+            return True
+        seen.add(key)
+        _check_keywords(schema, part.path)
+        leaves.append(part)
+        inner = active | {id(schema)}
+        path = part.path
+        implied: list[Part] = []
+        for keyword in ("$ref", "$dynamicRef"):
+            if keyword in schema:
+                implied.append(self._target(part, keyword))
+        implied += [part.child(s, f"{path}/allOf/{i}") for i, s in enumerate(_schema_list(schema, "allOf", path))]
+        if "not" in schema:
+            negated = self._negate(part.child(schema["not"], f"{path}/not"), frozenset())
+            implied.append(part.child(negated, f"{path}/not", annotating=False))
+        for sub in implied:
+            if not self._flatten(sub, inner, leaves, choices, seen):
+                return False
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                options = [[part.child(s, f"{path}/{keyword}/{i}")]
+                           for i, s in enumerate(_schema_list(schema, keyword, path))]
+                choices.append((keyword, f"{path}/{keyword}", options, inner))
+        if "if" in schema and ("then" in schema or "else" in schema):
+            condition = part.child(schema["if"], f"{path}/if")
+            otherwise = part.child(self._negate(condition, frozenset()), f"{path}/if", annotating=False)
+            options = [[condition, part.child(schema.get("then", True), f"{path}/then")],
+                       [otherwise, part.child(schema.get("else", True), f"{path}/else")]]
+            choices.append(("if", path, options, inner))
+        for key, sub in _schema_map(schema, "dependentSchemas", path).items():
+            where = f"{path}/dependentSchemas/{_pointer(key)}"
+            others = [k for k in KINDS if k != "object"] + ["integer"]
+            options = [[part.child(self._make({"type": others}), where)],
+                       [part.child(self._make({"type": "object", "required": [key]}), where),
+                        part.child(sub, where)],
+                       [part.child(self._make({"type": "object", "properties": {key: False}}), where,
+                                   annotating=False)]]
+            choices.append(("dependentSchemas", where, options, inner))
+        return True
 
-    def _alone(self, schema: dict, keyword: str, path: str, allowed: tuple[str, ...] = ()) -> None:
-        """ValueError if `schema` constrains anything next to `keyword` (and `allowed`)."""
-        for key in schema:
-            if key in CONSTRAINTS and key != keyword and key not in allowed and _constrains(schema, key):
-                raise ValueError(f"json schema: {key!r} next to {keyword!r} at {path} is not supported")
+    # ---- negation -----------------------------------------------------------------------
 
-    def _types(self, schema: dict, path: str) -> list[str]:
-        """The types `schema` allows: its `type`, else those its keywords are about."""
-        if "type" in schema:
-            return _declared_types(schema, path)
-        return [t for t, keys in TYPE_KEYWORDS.items() if any(_constrains(schema, k) for k in keys)]
+    def _negate(self, part: Part, active: frozenset[int]) -> Any:
+        """A schema for the values `part` rejects (made of `anyOf` and plain keywords), or
+        ValueError where the complement has no such form."""
+        schema = part.schema
+        if isinstance(schema, bool):
+            return not schema
+        _check_schema(schema, part.path)
+        _check_keywords(schema, part.path)
+        if id(schema) in active:
+            raise ValueError(f"json schema: 'not' at {part.path} leads back to itself through '$ref'")
+        active = active | {id(schema)}
+        path = part.path
+        options: list[Any] = []  # the negation is the anyOf of these
+        for keyword in ("$ref", "$dynamicRef"):
+            if keyword in schema:
+                options.append(self._negate(self._target(part, keyword), active))
+        for i, sub in enumerate(_schema_list(schema, "allOf", path)):
+            options.append(self._negate(part.child(sub, f"{path}/allOf/{i}"), active))
+        if "anyOf" in schema:
+            negations = [self._negate(part.child(s, f"{path}/anyOf/{i}"), active)
+                         for i, s in enumerate(_schema_list(schema, "anyOf", path))]
+            options.append(self._make({"allOf": negations}))
+        if "not" in schema:
+            options.append(schema["not"])
+        for keyword in ("oneOf", "if", "dependentSchemas", "additionalProperties", "patternProperties",
+                        "propertyNames", "prefixItems", "unevaluatedProperties", "unevaluatedItems",
+                        "uniqueItems"):
+            if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False):
+                raise ValueError(f"json schema: 'not' at {path} holds {keyword!r}, whose complement a "
+                                 "grammar cannot write")
+        options += self._negate_keywords(schema, part)
+        options = [o for o in options if o is not False]
+        if any(o is True for o in options):
+            return True
+        if not options:
+            return False
+        return options[0] if len(options) == 1 else self._make({"anyOf": options})
 
-    def _typed(self, type_name: str, schema: dict, name: str, path: str) -> str:
-        if type_name == "string":
-            return self._string(schema, path)
-        if type_name == "integer":
-            return self._integer(schema, path)
-        if type_name == "number":
-            return self._number(schema, path)
-        if type_name == "object":
-            return self._object(schema, name, path)
-        if type_name == "array":
-            return self._array(schema, name, path)
-        return self._primitive(type_name)  # boolean, null
-
-    def _ref(self, ref: Any, path: str) -> str:
-        if not isinstance(ref, str):
-            raise ValueError(f"json schema: '$ref' at {path} must be a string")
-        if ref in self._refs:
-            return self._refs[ref]
-        target = self._resolve(ref, path)
-        seen = {ref}
-        while isinstance(target, dict) and isinstance(target.get("$ref"), str):
-            if target["$ref"] in seen:
-                raise ValueError(f"json schema: '$ref' at {path} leads back to itself without a value")
-            seen.add(target["$ref"])
-            target = self._resolve(target["$ref"], path)
-        name = self._add_rule(_slug(ref[2:]) or "ref", None)
-        self._refs[ref] = name
-        self._rules[name] = self._expression(self._resolve(ref, path), name, ref)
-        return name
-
-    def _resolve(self, ref: str, path: str) -> Any:
-        """The subschema a local `$ref` (a JSON pointer after `#`) points to."""
-        if ref != "#" and not ref.startswith("#/"):
-            raise ValueError(f"json schema: '$ref' at {path} is {ref!r}; only local references "
-                             "('#' and '#/...') are supported")
-        target = self._document
-        for token in ref[2:].split("/") if ref != "#" else ():
-            token = unquote(token).replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and token in target:
-                target = target[token]
-            elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-                target = target[int(token)]
-            else:
-                raise ValueError(f"json schema: '$ref' at {path} ({ref!r}) does not resolve")
-        return target
-
-    def _union(self, schemas: list, name: str, path: str) -> str:
-        rules = [self._visit(s, f"{name}-{i}", f"{path}/{i}") for i, s in enumerate(schemas)]
-        return " | ".join(dict.fromkeys(rules))
-
-    def _constants(self, schema: dict, path: str) -> str:
-        self._alone(schema, "enum" if "enum" in schema else "const", path, allowed=("enum", "const", "type"))
+    def _negate_keywords(self, schema: dict, part: Part) -> list[Any]:
+        path = part.path
+        make = self._make
+        out: list[Any] = []
+        kinds = _declared(schema, path) if "type" in schema else None
+        if kinds is not None:
+            types, integer = kinds
+            rest = [k for k in KINDS if k not in types]
+            if integer:
+                out.append(make({"type": "number", NOT_INTEGER: True}))
+            if rest:
+                out.append(make({"type": rest}))
+        if "const" in schema:
+            out.append(make({NOT_VALUES: [schema["const"]]}))
         if "enum" in schema:
-            values = schema["enum"]
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"json schema: 'enum' at {path} must be a non-empty list")
-            if "const" in schema:
-                values = [v for v in values if _json_equal(v, schema["const"])]
-        else:
-            values = [schema["const"]]
-        if "type" in schema:
-            types = set(_declared_types(schema, path))
-            values = [v for v in values if _json_types(v) & types]
-        if not values:
-            raise ValueError(f"json schema: 'enum', 'const' and 'type' at {path} leave no value")
-        try:
-            texts = [json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                     for v in values]
-        except ValueError as e:
-            raise ValueError(f"json schema: a value of 'enum' or 'const' at {path} is not JSON: {e}") from e
-        literals = [gbnf_literal(t) for t in dict.fromkeys(texts)]
-        return f"{_group(' | '.join(literals))} space"
+            out.append(make({NOT_VALUES: list(_enum(schema, path))}))
+        flips = {"minimum": "exclusiveMaximum", "exclusiveMinimum": "maximum", "maximum": "exclusiveMinimum",
+                 "exclusiveMaximum": "minimum"}
+        for key, flipped in flips.items():
+            if key in schema:
+                out.append(make({"type": "number", flipped: _bound(schema, key, path)}))
+        if "multipleOf" in schema:
+            out.append(make({"type": "number", NOT_MULTIPLE: _step(schema, path)}))
+        for low, high, kind in (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
+                                ("minProperties", "maxProperties", "object")):
+            if low in schema and _count(schema, low, path, 0) > 0:
+                out.append(make({"type": kind, high: _count(schema, low, path, 0) - 1}))
+            if high in schema:
+                out.append(make({"type": kind, low: _count(schema, high, path, None) + 1}))
+        if "pattern" in schema:
+            out.append(make({"type": "string", NOT_PATTERN: schema["pattern"]}))
+        if schema.get("format") in FORMATS:
+            out.append(make({"type": "string", NOT_FORMAT: schema["format"]}))
+        for key in _required(schema, path):
+            out.append(make({"type": "object", "properties": {key: False}}))
+        for key, sub in _schema_map(schema, "properties", path).items():
+            negated = self._negate(part.child(sub, f"{path}/properties/{_pointer(key)}"), frozenset())
+            if negated is not False:
+                out.append(make({"type": "object", "required": [key], "properties": {key: negated}}))
+        for key, needed in _dependent_required(schema, path).items():
+            for other in needed:
+                out.append(make({"type": "object", "required": [key], "properties": {other: False}}))
+        if "items" in schema:
+            negated = self._negate(part.child(schema["items"], f"{path}/items"), frozenset())
+            if negated is not False:
+                out.append(make({"type": "array", "contains": negated}))
+        if "contains" in schema:
+            low = _count(schema, "minContains", path, 1)
+            high = _count(schema, "maxContains", path, None)
+            if low > 0:
+                out.append(make({"type": "array", "contains": schema["contains"], "minContains": 0,
+                                 "maxContains": low - 1}))
+            if high is not None:
+                out.append(make({"type": "array", "contains": schema["contains"], "minContains": high + 1}))
+        undo = {NOT_PATTERN: ("string", "pattern"), NOT_FORMAT: ("string", "format"),
+                NOT_MULTIPLE: ("number", "multipleOf"), NOT_VALUES: (None, "enum"),
+                NOT_INTEGER: ("integer", None)}
+        for key, value in schema.items():
+            if key in undo:  # a negation's own keyword, negated back
+                kind, keyword = undo[key]
+                out.append(make({**({"type": kind} if kind else {}), **({keyword: value} if keyword else {})}))
+        return out
 
-    # ---- strings ------------------------------------------------------------------------
+    # ---- alternatives -------------------------------------------------------------------
 
-    def _string(self, schema: dict, path: str) -> str:
-        used = [k for k in TYPE_KEYWORDS["string"] if _constrains(schema, k)]
-        if len(used) > 1 and ("pattern" in used or "format" in used):
-            raise ValueError(f"json schema: {used[0]!r} next to {used[1]!r} at {path} is not supported")
-        if "pattern" in used:
-            return self._pattern(schema["pattern"], path)
-        if "format" in used:
-            return self._primitive(f"{schema['format']}-string")
-        low = _count(schema, "minLength", path, 0)
-        high = _count(schema, "maxLength", path, None)
-        if high is not None and low > high:
-            raise ValueError(f"json schema: 'minLength' at {path} is greater than 'maxLength'")
-        if low == 0 and high is None:
-            return self._primitive("string")
-        self._primitive("char")
-        return _sequence(r'"\""', _repeat("char", low, high), r'"\""', "space")
+    def _alternatives(self, alternatives: list[Alternative], name: str, path: str) -> str | None:
+        expressions = []
+        for i, leaves in enumerate(alternatives):
+            label = name if len(alternatives) == 1 else f"{name}-{i}"
+            expression = self._leaves(leaves, label, path)
+            if expression is not None:
+                expressions.append(expression if len(alternatives) == 1 else self._named(expression, label))
+        if not expressions:
+            return None
+        return " | ".join(dict.fromkeys(expressions))
 
-    def _pattern(self, pattern: Any, path: str) -> str:
-        from .regex import regex_to_gbnf_expression
+    def _leaves(self, leaves: list[Part], name: str, path: str) -> str | None:
+        """An expression for the values valid under every leaf (no choices among them)."""
+        facts = _Facts.of(self, leaves)
+        if facts is None:
+            return None
+        out = []
+        for kind in KINDS:
+            if kind not in facts.kinds:
+                continue
+            label = name if len(facts.kinds) == 1 else f"{name}-{kind}"
+            expression = self._kind(facts, kind, label, path)
+            if expression is not None:
+                out.append(expression if len(facts.kinds) == 1 else self._named(expression, label))
+        return " | ".join(out) if out else None
 
+    def _kind(self, facts: _Facts, kind: str, name: str, path: str) -> str | None:
+        if facts.values is not None:
+            return self._values(facts, kind, path)
+        if kind == "null":
+            return self._primitive("null")
+        if kind == "boolean":
+            return self._primitive("boolean")
+        if kind == "string":
+            return self._string(facts, name)
+        if kind == "number":
+            return self._number(facts, name)
+        if kind == "object":
+            return self._object(facts, name, path)
+        return self._array(facts, name, path)
+
+    def _values(self, facts: _Facts, kind: str, path: str) -> str | None:
+        texts = []
+        for value in facts.values:
+            if _kind_of(value) != kind:
+                continue
+            if kind == "number":
+                if facts.integer and not _integral(value):
+                    continue
+                text = _canonical_number(value)
+                if facts.number_language() is not None and not facts.number_language().accepts(text):
+                    continue
+            elif kind == "string":
+                language = facts.string_language(force=True)
+                if not language.accepts(value):
+                    continue
+                text = json.dumps(value, ensure_ascii=False)
+            else:
+                if kind in ("object", "array") and facts.has_structure(kind):
+                    raise ValueError(f"json schema: 'enum' or 'const' with {kind} values next to {kind} keywords "
+                                     f"at {path} is not supported")
+                text = _compact(value, path)
+            texts.append(text)
+        if not texts:
+            return None
+        return f"{_group(' | '.join(gbnf_literal(t) for t in dict.fromkeys(texts)))} space"
+
+    # ---- strings and numbers --------------------------------------------------------------
+
+    def _string(self, facts: _Facts, name: str) -> str | None:
+        language = facts.string_language(force=False)
+        if language is None:  # lengths at most: any spelling, escapes too
+            low, high = facts.lengths
+            if low == 0 and high is None:
+                return self._primitive("string")
+            self._primitive("char"), self._primitive("space")
+            return _sequence(r'"\""', _repeat("char", low, high), r'"\""', "space")
+        if language.is_empty():
+            return None
+        self._primitive("space"), self._primitive(JSON_CONTROL)
+        body = language.rules(self._reserve, self._define, name, json_string)
+        return _sequence(r'"\""', body if body != '""' else "", r'"\""', "space")
+
+    def _reserve(self, name: str) -> str:
+        return self._add_rule(name, None)
+
+    def _number(self, facts: _Facts, name: str) -> str | None:
+        language = facts.number_language()
+        if language is None:
+            return self._primitive("integer" if facts.integer else "number")
+        if language.is_empty():
+            return None
+        self._primitive("space")
+        return _sequence(language.rules(self._reserve, self._define, name, plain), "space")
+
+    # ---- objects --------------------------------------------------------------------------
+
+    def _object(self, facts: _Facts, name: str, path: str) -> str | None:
+        shape = _ObjectShape(self, facts.objects, name, path)
+        return shape.expression()
+
+    # ---- arrays ---------------------------------------------------------------------------
+
+    def _array(self, facts: _Facts, name: str, path: str) -> str | None:
+        shape = _ArrayShape(self, facts.arrays, name, path)
+        return shape.expression()
+
+    # ---- oneOf ----------------------------------------------------------------------------
+
+    def _check_disjoint(self, options: list[list[Alternative]], where: str) -> None:
+        """ValueError unless no value is valid under two of the options."""
+        summaries = [[_Facts.of(self, alt) for alt in option] for option in options]
+        for i in range(len(options)):
+            for j in range(i + 1, len(options)):
+                for a in summaries[i]:
+                    for b in summaries[j]:
+                        if a is None or b is None:
+                            continue
+                        overlap = a.overlap(b)
+                        if overlap:
+                            raise ValueError(f"json schema: 'oneOf' at {where}: branches {i} and {j} may both "
+                                             f"match {overlap} (a grammar cannot say 'exactly one'; make the "
+                                             "branches disjoint, e.g. by type, const or a discriminator property)")
+
+    # ---- automata -----------------------------------------------------------------------
+
+    def dfa(self, key: tuple, build) -> DFA:
+        if key not in self._dfa_cache:
+            self._dfa_cache[key] = build()
+        return self._dfa_cache[key]
+
+    def pattern_dfa(self, pattern: Any, path: str) -> DFA:
         if not isinstance(pattern, str):
             raise ValueError(f"json schema: 'pattern' at {path} must be a string")
-        self._primitive("char")
-        alternatives = []
-        for branch in _top_level_branches(pattern):
-            starts = branch.startswith("^")
-            ends = _ends_with_anchor(branch)
-            body = branch[1 if starts else 0:len(branch) - 1 if ends else len(branch)]
-            try:
-                expression = regex_to_gbnf_expression(body)
-            except ValueError as e:
-                raise ValueError(f"json schema: 'pattern' at {path}: {e}") from e
-            alternatives.append(_sequence("" if starts else "char*", _group(expression),
-                                          "" if ends else "char*"))
-        return _sequence(r'"\""', _group(" | ".join(alternatives)), r'"\""', "space")
 
-    # ---- numbers ------------------------------------------------------------------------
+        def build() -> DFA:
+            language = DFA.empty()
+            for branch in _top_level_branches(pattern):
+                starts = branch.startswith("^")
+                ends = _ends_with_anchor(branch)
+                body = branch[1 if starts else 0:len(branch) - 1 if ends else len(branch)]
+                try:
+                    middle = DFA.from_regex(body)
+                except ValueError as e:
+                    raise ValueError(f"json schema: 'pattern' at {path}: {e}") from e
+                if not starts:
+                    middle = DFA.everything().concat(middle)
+                if not ends:
+                    middle = middle.concat(DFA.everything())
+                language = language.union(middle)
+            return language
 
-    def _integer(self, schema: dict, path: str) -> str:
-        used = [k for k in RANGE_KEYWORDS if k in schema]
-        if not used:
-            return self._primitive("integer")
-        low, high = -MAX_INTEGER, MAX_INTEGER
-        for key in used:
-            bound = _bound(schema, key, path)
-            if key == "minimum":
-                low = max(low, math.ceil(bound))
-            elif key == "exclusiveMinimum":
-                low = max(low, math.floor(bound) + 1)
-            elif key == "maximum":
-                high = min(high, math.floor(bound))
-            else:
-                high = min(high, math.ceil(bound) - 1)
-        if low > high:
-            raise ValueError(f"json schema: {' and '.join(map(repr, used))} at {path} leave no "
-                             f"integer of at most {MAX_DIGITS} digits")
-        return _sequence(_group(_integer_range(low, high)), "space")
+        return self.dfa(("pattern", pattern), build)
 
-    def _number(self, schema: dict, path: str) -> str:
-        used = [k for k in RANGE_KEYWORDS if k in schema]
-        if not used:
-            return self._primitive("number")
-        if used == ["minimum"] and _bound(schema, "minimum", path) == 0:
-            self._primitive("integral-part")
-            self._primitive("decimal-part")
-            return 'integral-part ("." decimal-part)? ([eE] ("+" | "-")? integral-part)? space'
-        raise ValueError(f"json schema: {used[0]!r} at {path} is not supported for numbers "
-                         "(only 'minimum': 0 is; integers take any range)")
+    def format_dfa(self, name: str) -> DFA:
+        return self.dfa(("format", name), lambda: DFA.from_regex(FORMATS[name]))
 
-    # ---- objects ------------------------------------------------------------------------
+    def name_language(self, leaf: Part) -> DFA:
+        """The keys `propertyNames` of `leaf` allows."""
+        part = _at(leaf, leaf.schema["propertyNames"], f"{leaf.path}/propertyNames")
 
-    def _object(self, schema: dict, name: str, path: str) -> str:
-        properties = schema.get("properties", {})
-        required = schema.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise ValueError(f"json schema: 'required' at {path} must be a list of strings")
-        additional = schema.get("additionalProperties", True if not properties else None)
-        if not properties and not required and (additional is True or additional == {}):
-            return self._primitive("object")
+        def build() -> DFA:
+            language = DFA.empty()
+            for alternative in self._expand([part], frozenset()):
+                facts = _Facts.of(self, alternative)
+                if facts is not None and "string" in facts.kinds:
+                    if facts.values is not None:
+                        strings = [v for v in facts.values if isinstance(v, str) and facts.admits(v)]
+                        language = language.union(DFA.of_strings(strings))
+                    else:
+                        language = language.union(facts.string_language(True))
+            return language
 
-        entries = [(key, sub, f"{path}/properties/{_pointer(key)}") for key, sub in properties.items()]
-        for key in dict.fromkeys(r for r in required if r not in properties):
-            if additional is False:
-                raise ValueError(f"json schema: 'required' at {path} names {key!r}, which is not in "
-                                 "'properties', and 'additionalProperties' is false")
-            sub_path = f"{path}/additionalProperties" if isinstance(additional, dict) else path
-            entries.append((key, additional if isinstance(additional, dict) else True, sub_path))
+        return self.dfa(("names", id(leaf.schema), leaf.base), build)
 
-        pairs = []  # (rule, required, repeated)
-        for key, sub, sub_path in entries:
-            if sub is False:
-                if key in required:
-                    raise ValueError(f"json schema: property {key!r} at {path} is required but its "
-                                     "schema is false")
+    def finite_values(self, parts: list[Part]) -> list | None:
+        """Every value valid under the conjunction, if they are few; None if they are not."""
+        out: list = []
+        for alternative in self._expand(parts, frozenset()):
+            facts = _Facts.of(self, alternative)
+            if facts is None:
                 continue
-            prop = f"{name}-{_slug(key) or 'property'}"
-            value = self._visit(sub, prop, sub_path)
-            kv = f"{gbnf_literal(json.dumps(key, ensure_ascii=False))} space \":\" space {value}"
-            pairs.append((self._add_rule(f"{prop}-kv", kv), key in required, False))
-        if additional not in (None, False):
-            pairs.append((self._extra_pairs(additional, [e[0] for e in entries], name, path), False, True))
-        return _sequence('"{" space', _object_members(pairs), '"}" space')
+            if facts.values is not None:
+                candidates = facts.values
+            else:
+                candidates = []
+                for kind in facts.kinds:
+                    if kind == "null":
+                        candidates.append(None)
+                    elif kind == "boolean":
+                        candidates += [False, True]
+                    elif kind == "string":
+                        strings = facts.string_language(True).finite_strings(MAX_UNIQUE_VALUES)
+                        if strings is None:
+                            return None
+                        candidates += strings
+                    elif kind == "number":
+                        numbers = facts.number_language()
+                        spelled = numbers.finite_strings(MAX_UNIQUE_VALUES) if numbers is not None else None
+                        if spelled is None:
+                            return None
+                        candidates += [json.loads(t) for t in spelled]
+                    else:
+                        return None
+            for value in candidates:
+                if facts.admits(value) and not any(_json_equal(value, v) and type(value) is type(v) for v in out):
+                    out.append(value)
+            if len(out) > MAX_UNIQUE_VALUES:
+                return None
+        return out
 
-    def _extra_pairs(self, schema: dict | bool, names: list[str], name: str, path: str) -> str:
-        """The rule for one extra `"key": value` pair, keys other than `names`."""
-        value = self._visit(schema, f"{name}-additional-value", f"{path}/additionalProperties")
-        if names:
-            key = self._add_rule(f"{name}-additional-k", self._key_excluding(names))
+    def discriminated(self, mine: list[Part], theirs: list[Part]) -> bool:
+        """Whether a property both sides require takes values on one side that it cannot take
+        on the other (a discriminator), or one side forbids a property the other requires."""
+        def required(leaves: list[Part]) -> set[str]:
+            return {k for leaf in leaves for k in _required(leaf.schema, leaf.path)}
+
+        def schemas(leaves: list[Part], key: str) -> list[Part]:
+            return [_at(leaf, _schema_map(leaf.schema, "properties", leaf.path)[key], leaf.path)
+                    for leaf in leaves if key in _schema_map(leaf.schema, "properties", leaf.path)]
+
+        for a, b in ((mine, theirs), (theirs, mine)):
+            for key in required(a):
+                if any(p.schema is False for p in schemas(b, key)):
+                    return True
+        for key in required(mine) & required(theirs):
+            left, right = schemas(mine, key), schemas(theirs, key)
+            if not left or not right:
+                continue
+            a, b = self.finite_values(left), self.finite_values(right)
+            if a is not None and b is not None and not any(_json_equal(x, y) for x in a for y in b):
+                return True
+        return False
+
+
+# ---- merged keywords ------------------------------------------------------------------------
+
+
+class _Facts:
+    """What every leaf of one alternative says, merged per JSON type."""
+
+    def __init__(self, conv: _Converter):
+        self.conv = conv
+        self.kinds = set(KINDS)
+        self.integer = False
+        self.not_integer = False
+        self.values: list | None = None
+        self.excluded: list = []
+        self.low: tuple[Fraction, bool] | None = None  # (bound, exclusive)
+        self.high: tuple[Fraction, bool] | None = None
+        self.multiples: list[Fraction] = []
+        self.not_multiples: list[Fraction] = []
+        self.lengths: list = [0, None]
+        self.patterns: list[tuple[str, str]] = []  # (pattern, path)
+        self.not_patterns: list[tuple[str, str]] = []
+        self.formats: list[str] = []
+        self.not_formats: list[str] = []
+        self.leaves: list[Part] = []
+        self._strings: DFA | None = None
+        self._numbers: Any = ...
+
+    @classmethod
+    def of(cls, conv: _Converter, leaves: list[Part]) -> _Facts | None:
+        facts = cls(conv)
+        for leaf in leaves:
+            facts.add(leaf)
+        if facts.values is not None:
+            facts.kinds &= {_kind_of(v) for v in facts.values}
+        if facts.low and facts.high and (facts.low[0] > facts.high[0] or facts.low[0] == facts.high[0]
+                                         and (facts.low[1] or facts.high[1])):
+            facts.kinds.discard("number")
+        return facts if facts.kinds else None
+
+    def add(self, leaf: Part) -> None:
+        schema, path = leaf.schema, leaf.path
+        self.leaves.append(leaf)
+        if "type" in schema:
+            kinds, integer = _declared(schema, path)
+            self.kinds &= kinds
+            self.integer |= integer
         else:
-            key = self._primitive("string")
-        return self._add_rule(f"{name}-additional-kv", f'{key} ":" space {value}')
+            implied = {k for k, keys in KIND_KEYWORDS.items() if any(_constrains(schema, key) for key in keys)}
+            implied |= {"string" for key in (NOT_PATTERN, NOT_FORMAT) if key in schema}
+            implied |= {"number" for key in (NOT_MULTIPLE, NOT_INTEGER) if key in schema}
+            if implied:
+                self.kinds &= implied
+        for key in ("enum", "const"):
+            if key in schema:
+                values = _enum(schema, path) if key == "enum" else [schema["const"]]
+                self.values = values if self.values is None else [
+                    v for v in self.values if any(_json_equal(v, w) for w in values)]
+        self.excluded += schema.get(NOT_VALUES, [])
+        self.not_integer |= bool(schema.get(NOT_INTEGER))
+        for key in ("minimum", "exclusiveMinimum"):
+            if key in schema:
+                bound = (_fraction(_bound(schema, key, path)), key != "minimum")
+                if self.low is None or bound[0] > self.low[0] or bound[0] == self.low[0] and bound[1]:
+                    self.low = bound
+        for key in ("maximum", "exclusiveMaximum"):
+            if key in schema:
+                bound = (_fraction(_bound(schema, key, path)), key != "maximum")
+                if self.high is None or bound[0] < self.high[0] or bound[0] == self.high[0] and bound[1]:
+                    self.high = bound
+        if "multipleOf" in schema:
+            self.multiples.append(_step(schema, path))
+        if NOT_MULTIPLE in schema:
+            self.not_multiples.append(_fraction(schema[NOT_MULTIPLE]))
+        low = _count(schema, "minLength", path, 0)
+        high = _count(schema, "maxLength", path, None)
+        self.lengths[0] = max(self.lengths[0], low)
+        if high is not None:
+            self.lengths[1] = high if self.lengths[1] is None else min(self.lengths[1], high)
+        if "pattern" in schema:
+            self.patterns.append((schema["pattern"], path))
+        if NOT_PATTERN in schema:
+            self.not_patterns.append((schema[NOT_PATTERN], path))
+        if not isinstance(schema.get("format", ""), str):
+            raise ValueError(f"json schema: 'format' at {path} must be a string")
+        if schema.get("format") in FORMATS:
+            self.formats.append(schema["format"])
+        if NOT_FORMAT in schema:
+            self.not_formats.append(schema[NOT_FORMAT])
 
-    def _key_excluding(self, names: list[str]) -> str:
-        """A quoted key (of `key-char`s) that is none of `names`."""
-        trie: dict = {}
-        for key in names:
-            node = trie
-            for unit in _units(json.dumps(key, ensure_ascii=False)[1:-1]):
-                node = node.setdefault(unit, {})
-            node[None] = {}
-        self._primitive("key-char")
-        return _sequence(r'"\""', _trie_expression(trie), r'"\""', "space")
+    # -- strings --
 
-    # ---- arrays -------------------------------------------------------------------------
+    def string_language(self, force: bool) -> DFA | None:
+        """The strings allowed, as an automaton; None (unless `force`) when only lengths
+        constrain them (those are written with any escapes)."""
+        if self._strings is not None:
+            return self._strings
+        excluded = [v for v in self.excluded if isinstance(v, str)]
+        if not (force or self.patterns or self.not_patterns or self.formats or self.not_formats or excluded):
+            return None
+        conv = self.conv
+        language = DFA.everything()
+        for pattern, path in self.patterns:
+            language = language.intersect(conv.pattern_dfa(pattern, path))
+        for name in self.formats:
+            language = language.intersect(conv.format_dfa(name))
+        for pattern, path in self.not_patterns:
+            language = language.difference(conv.pattern_dfa(pattern, path))
+        for name in self.not_formats:
+            language = language.difference(conv.format_dfa(name))
+        if excluded:
+            language = language.difference(DFA.of_strings(excluded))
+        low, high = self.lengths
+        if (low, high) != (0, None) and not language.is_empty():
+            language = language.intersect(DFA.length(low, high))
+        self._strings = language
+        return language
 
-    def _array(self, schema: dict, name: str, path: str) -> str:
-        prefix = schema.get("prefixItems", [])
-        items = schema.get("items", True)
-        low = _count(schema, "minItems", path, 0)
-        high = _count(schema, "maxItems", path, None)
-        if not prefix and (items is True or items == {}) and low == 0 and high is None:
-            return self._primitive("array")
-        stop = next((i for i, s in enumerate(prefix) if s is False), None)
-        if stop is not None:  # nothing can be at index `stop`
-            high = stop if high is None else min(high, stop)
-            prefix = prefix[:stop]
-        elif items is False:
-            high = len(prefix) if high is None else min(high, len(prefix))
+    # -- numbers --
+
+    def number_language(self) -> DFA | None:
+        """The numbers allowed, as an automaton over their plain spelling; None when nothing
+        constrains them (the shared `number` or `integer` rule is written)."""
+        if self._numbers is not ...:
+            return self._numbers
+        from .numbers import number_dfa, value_dfa
+
+        excluded = [v for v in self.excluded if _kind_of(v) == "number"]
+        if not (self.low or self.high or self.multiples or self.not_multiples or self.not_integer or excluded):
+            self._numbers = None
+            return None
+        bounds = dict(low=self.low and self.low[0], low_exclusive=bool(self.low and self.low[1]),
+                      high=self.high and self.high[0], high_exclusive=bool(self.high and self.high[1]))
+        language = number_dfa(integer=self.integer, multiples=tuple(self.multiples), **bounds)
+        for step in self.not_multiples:
+            language = language.difference(number_dfa(integer=self.integer, multiples=(step,), **bounds))
+        if self.not_integer:
+            language = language.difference(number_dfa(integer=True, **bounds))
+        for value in excluded:
+            language = language.difference(value_dfa(_fraction(value)))
+        self._numbers = language
+        return language
+
+    # -- objects and arrays --
+
+    @property
+    def objects(self) -> list[Part]:
+        return self.leaves
+
+    @property
+    def arrays(self) -> list[Part]:
+        return self.leaves
+
+    def has_structure(self, kind: str) -> bool:
+        keys = OBJECT_KEYWORDS if kind == "object" else ARRAY_KEYWORDS
+        return any(k in leaf.schema for leaf in self.leaves for k in keys)
+
+    # -- oneOf --
+
+    def overlap(self, other: _Facts) -> str:
+        """'' if no value is valid under both, else what may be."""
+        for kind in KINDS:
+            if kind not in self.kinds or kind not in other.kinds:
+                continue
+            if self.values is not None or other.values is not None:
+                mine = [v for v in (self.values if self.values is not None else other.values) if _kind_of(v) == kind]
+                theirs = other if self.values is not None else self
+                for value in mine:
+                    if theirs.admits(value):
+                        return f"the value {_compact(value, '')}"
+                continue
+            if kind in ("null", "boolean"):
+                return f"{kind}s" if kind == "boolean" else "null"
+            if kind == "string":
+                both = self.string_language(True).intersect(other.string_language(True))
+                if not both.is_empty():
+                    return "strings"
+            elif kind == "number":
+                if not self._numbers_apart(other):
+                    return "numbers"
+            elif kind == "object":
+                if not self.conv.discriminated(self.leaves, other.leaves):
+                    return "objects"
+            elif not self._arrays_apart(other):
+                return "arrays"
+        return ""
+
+    def admits(self, value: Any) -> bool:
+        """Whether `value` may be valid here (exact for scalars; objects and arrays: maybe)."""
+        kind = _kind_of(value)
+        if kind not in self.kinds or any(_json_equal(value, v) for v in self.excluded):
+            return False
+        if self.values is not None and not any(_json_equal(value, v) for v in self.values):
+            return False
+        if kind == "string":
+            return self.string_language(True).accepts(value)
+        if kind == "number":
+            if self.integer and not _integral(value):
+                return False
+            language = self.number_language()
+            return language is None or language.accepts(_canonical_number(value))
+        return True
+
+    def _numbers_apart(self, other: _Facts) -> bool:
+        if self.integer and other.not_integer or other.integer and self.not_integer:
+            return True
+        for a, b in ((self, other), (other, self)):
+            if a.high and b.low and (a.high[0] < b.low[0] or a.high[0] == b.low[0] and (a.high[1] or b.low[1])):
+                return True
+        return False
+
+    def _arrays_apart(self, other: _Facts) -> bool:
+        def counts(facts: _Facts) -> tuple[int, float]:
+            low = max([_count(l.schema, "minItems", l.path, 0) for l in facts.leaves] or [0])
+            highs = [_count(l.schema, "maxItems", l.path, None) for l in facts.leaves]
+            return low, min([h for h in highs if h is not None] or [math.inf])
+
+        (a_low, a_high), (b_low, b_high) = counts(self), counts(other)
+        return a_high < b_low or b_high < a_low
+
+
+# ---- objects ----------------------------------------------------------------------------------
+
+
+class _ObjectShape:
+    """The members of an object: the named keys in order, then extra pairs, written by rules
+    that count what `minProperties`, `maxProperties` and `dependentRequired` need."""
+
+    def __init__(self, conv: _Converter, leaves: list[Part], name: str, path: str):
+        self.conv, self.leaves, self.name, self.path = conv, leaves, name, path
+
+    def expression(self) -> str | None:
+        conv, leaves, name, path = self.conv, self.leaves, self.name, self.path
+        named: dict[str, None] = {}
+        required: set[str] = set()
+        needs: dict[str, set[str]] = {}
+        low, high = 0, None
+        for leaf in leaves:
+            s, p = leaf.schema, leaf.path
+            named.update(dict.fromkeys(_schema_map(s, "properties", p)))
+            for key in _required(s, p):
+                named.setdefault(key)
+                required.add(key)
+            for key, others in _dependent_required(s, p).items():
+                named.setdefault(key)
+                named.update(dict.fromkeys(others))
+                needs.setdefault(key, set()).update(others)
+            low = max(low, _count(s, "minProperties", p, 0))
+            top = _count(s, "maxProperties", p, None)
+            high = top if high is None else high if top is None else min(high, top)
         if high is not None and low > high:
-            raise ValueError(f"json schema: 'minItems' at {path} asks for more items than the "
-                             "schema allows")
-        rules = [self._visit(s, f"{name}-tuple-{i}", f"{path}/prefixItems/{i}")
-                 for i, s in enumerate(prefix[:high])]
-        more = high is None or high > len(prefix)
-        item = self._visit(items, f"{name}-item", f"{path}/items") if more else None
+            return None
+        open_ = not any("properties" in leaf.schema and id(leaf.schema) not in conv.made for leaf in leaves) or any(
+            k in leaf.schema for leaf in leaves
+            for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"))
+        if not named and open_ and low == 0 and high is None and not self._constrains_extras():
+            return conv._primitive("object")
+        pairs = []  # (key, kv rule or None, required)
+        for key in named:
+            value = self._named_value(key)
+            if value is None and key in required:
+                return None
+            kv = None
+            if value is not None:
+                literal = gbnf_literal(json.dumps(key, ensure_ascii=False))
+                kv = conv._add_rule(f"{name}-{_slug(key) or 'property'}-kv", f'{literal} space ":" space {value}')
+            pairs.append((key, kv, key in required))
+        extra = self._extra_pair(set(named)) if open_ else None
+        if low > sum(1 for _, kv, _ in pairs if kv):
+            raise ValueError(f"json schema: 'minProperties' at {path} asks for {low} properties, more than the "
+                             f"{len(pairs)} the schema names (a grammar cannot keep extra keys distinct)")
+        return self._members(pairs, extra, low, high, needs)
+
+    def _constrains_extras(self) -> bool:
+        return any(k in leaf.schema for leaf in self.leaves
+                   for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"))
+
+    def _named_value(self, key: str) -> str | None:
+        """The rule for the value of `key`, or None if the key cannot appear."""
+        conv = self.conv
+        parts: list[Part] = []
+        evaluated: list[Part] = []  # the annotating leaves that evaluate the key
+        for leaf in self.leaves:
+            s, p = leaf.schema, leaf.path
+            properties = _schema_map(s, "properties", p)
+            if key in properties:
+                parts.append(_at(leaf, properties[key], f"{p}/properties/{_pointer(key)}"))
+                evaluated.append(leaf)
+            else:
+                matched = [(pattern, sub) for pattern, sub in _schema_map(s, "patternProperties", p).items()
+                           if conv.pattern_dfa(pattern, f"{p}/patternProperties").accepts(key)]
+                parts += [_at(leaf, sub, f"{p}/patternProperties/{_pointer(pattern)}") for pattern, sub in matched]
+                if matched:
+                    evaluated.append(leaf)
+                elif "additionalProperties" in s:
+                    parts.append(_at(leaf, s["additionalProperties"], f"{p}/additionalProperties"))
+                    evaluated.append(leaf)
+            if "propertyNames" in s and not conv.name_language(leaf).accepts(key):
+                return None
+        parts += self._unevaluated(evaluated)
+        return conv._conjunction(parts, f"{self.name}-{_slug(key) or 'property'}", self.path) if parts else \
+            conv._primitive("value")
+
+    def _unevaluated(self, evaluated: list[Part]) -> list[Part]:
+        """The `unevaluatedProperties` schemas that apply to a key the `evaluated` leaves saw."""
+        out = []
+        for leaf in self.leaves:
+            if "unevaluatedProperties" in leaf.schema and not any(
+                    e.annotating and (e is leaf or id(leaf.schema) in e.owners) for e in evaluated):
+                out.append(_at(leaf, leaf.schema["unevaluatedProperties"], f"{leaf.path}/unevaluatedProperties"))
+        return out
+
+    def _extra_pair(self, named: set[str]) -> str | None:
+        """The rule for one `"key": value` pair whose key is not named, or None if none can be."""
+        conv, name = self.conv, self.name
+        start = DFA.everything().difference(DFA.of_strings(named)) if named else DFA.everything()
+        classes: list[tuple[DFA, list[Part], list[Part]]] = [(start, [], [])]  # keys, schemas, evaluators
+        for leaf in self.leaves:
+            s, p = leaf.schema, leaf.path
+            if "propertyNames" in s:
+                names = conv.name_language(leaf)
+                classes = [(k.intersect(names), ps, ev) for k, ps, ev in classes]
+                classes = [c for c in classes if not c[0].is_empty()]
+            patterns = _schema_map(s, "patternProperties", p)
+            if not patterns and "additionalProperties" not in s:
+                continue
+            split = []
+            for keys, parts, evaluators in classes:
+                pieces = [(keys, parts, evaluators, False)]
+                for pattern, sub in patterns.items():
+                    language = conv.pattern_dfa(pattern, f"{p}/patternProperties")
+                    step = []
+                    for k, ps, ev, matched in pieces:
+                        inside, outside = k.intersect(language), k.difference(language)
+                        sub_part = _at(leaf, sub, f"{p}/patternProperties/{_pointer(pattern)}")
+                        if not inside.is_empty():
+                            step.append((inside, ps + [sub_part], ev + [leaf], True))
+                        if not outside.is_empty():
+                            step.append((outside, ps, ev, matched))
+                    pieces = step
+                for k, ps, ev, matched in pieces:
+                    if not matched and "additionalProperties" in s:
+                        ps = ps + [_at(leaf, s["additionalProperties"], f"{p}/additionalProperties")]
+                        ev = ev + [leaf]
+                    split.append((k, ps, ev))
+            classes = split
+            if len(classes) > MAX_KEY_CLASSES:
+                raise ValueError(f"json schema: 'patternProperties' at {p} splits the keys into more than "
+                                 f"{MAX_KEY_CLASSES} classes")
+        alternatives = []
+        for i, (keys, parts, evaluators) in enumerate(classes):
+            parts = parts + self._unevaluated(evaluators)
+            label = f"{name}-additional" if len(classes) == 1 else f"{name}-additional-{i}"
+            value = conv._conjunction(parts, f"{label}-value", self.path) if parts else conv._primitive("value")
+            if value is None:
+                continue
+            if not named and keys.size == 1 and keys.accepts("") and keys.edges[0] == ((0, 0x10FFFF, 0),):
+                key = conv._primitive("string")
+            else:
+                conv._primitive(JSON_CONTROL)
+                body = keys.rules(conv._reserve, conv._define, f"{label}-k", json_string)
+                key = conv._add_rule(f"{label}-key", _sequence(r'"\""', body if body != '""' else "", r'"\""',
+                                                               "space"))
+            alternatives.append(f'{key} ":" space {value}')
+        if not alternatives:
+            return None
+        return conv._add_rule(f"{name}-additional-kv", " | ".join(alternatives))
+
+    def _members(self, pairs: list, extra: str | None, low: int, high: int | None,
+                 needs: dict[str, set[str]]) -> str:
+        """Rules that write the members: state (next named key, named keys written (up to
+        `low`), pairs written (while `high` counts), keys written that dependencies are about,
+        whether a pair came before)."""
+        conv, name = self.conv, self.name
+        watched = sorted({k for k in needs} | {o for others in needs.values() for o in others})
+        bit = {key: 1 << i for i, key in enumerate(watched)}
+        n = len(pairs)
+
+        def satisfied(mask: int) -> bool:
+            return all(not mask & bit[k] or all(mask & bit[o] for o in others) for k, others in needs.items())
+
+        def moves(state):
+            i, got, total, mask, first = state
+            if i < n:
+                key, kv, needed = pairs[i]
+                if not needed:
+                    yield None, (i + 1, got, total, mask, first)
+                if kv is not None and (high is None or total < high):
+                    yield kv, (i + 1, min(got + 1, low), total + 1 if high is not None else 0,
+                               mask | bit.get(key, 0), False)
+            elif extra is not None and (high is None or total < high):
+                yield extra, (i, got, total + 1 if high is not None else 0, mask, False)
+
+        def final(state) -> bool:
+            i, got, _, mask, _ = state
+            return i == n and got >= low and satisfied(mask)
+
+        start = (0, 0, 0, 0, True)
+        states, order = {}, [start]
+        seen = {start}
+        while order:
+            state = order.pop()
+            states[state] = list(moves(state))
+            for _, nxt in states[state]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    order.append(nxt)
+                    if len(seen) > MAX_MEMBER_STATES:
+                        raise ValueError(f"json schema: the object at {self.path} needs more than "
+                                         f"{MAX_MEMBER_STATES} states to count its properties")
+        body = _state_rules(conv, f"{name}-members", start, states, final,
+                            lambda state, kv: kv if state[4] else f'"," space {kv}')
+        return None if body is None else _sequence('"{" space', _group(body), '"}" space')
+
+
+def _state_rules(conv: _Converter, name: str, start, states: dict, final, write) -> str | None:
+    """Rules for a little automaton over members: `states` maps a state to its moves (item or
+    None for an empty move, next state); `final(state)` says whether the members may end
+    there, `write(state, item)` spells an item written from a state (its comma). One rule per
+    state that can still end; the start's body is returned (None if it cannot end)."""
+    live = _live(states, final)
+    if start not in live:
+        return None
+    names: dict = {}
+    order = [start]
+    bodies: dict = {}
+    while order:
+        state = order.pop(0)
+        options = []
+        for item, nxt in states[state]:
+            if nxt not in live:
+                continue
+            head = "" if item is None else write(state, item)
+            follow = ""
+            if states[nxt] and any(n in live for _, n in states[nxt]):
+                if nxt not in names:
+                    names[nxt] = conv._reserve(f"{name}-{len(names) + 1}")
+                    order.append(nxt)
+                follow = names[nxt]
+            options.append(_sequence(head, follow))
+        if final(state):
+            options.append('""')
+        bodies[state] = " | ".join(dict.fromkeys(options))
+    for state, rule in names.items():
+        conv._define(rule, bodies[state])
+    return bodies[start] if start not in names else names[start]
+
+
+def _live(states: dict, final) -> set:
+    """The states from which a final state can be reached."""
+    back: dict = {}
+    for state, moves in states.items():
+        for _, nxt in moves:
+            back.setdefault(nxt, set()).add(state)
+    live = {s for s in states if final(s)}
+    todo = list(live)
+    while todo:
+        for prev in back.get(todo.pop(), ()):
+            if prev not in live:
+                live.add(prev)
+                todo.append(prev)
+    return live
+
+
+# ---- arrays -----------------------------------------------------------------------------------
+
+
+class _ArrayShape:
+    """The items of an array: each position's conjunction, and the rules that count what
+    `minItems`, `maxItems`, `contains` and `uniqueItems` need."""
+
+    def __init__(self, conv: _Converter, leaves: list[Part], name: str, path: str):
+        self.conv, self.leaves, self.name, self.path = conv, leaves, name, path
+
+    def expression(self) -> str | None:
+        conv, leaves, name, path = self.conv, self.leaves, self.name, self.path
+        low, high = 0, None
+        for leaf in leaves:
+            s, p = leaf.schema, leaf.path
+            low = max(low, _count(s, "minItems", p, 0))
+            top = _count(s, "maxItems", p, None)
+            high = top if high is None else high if top is None else min(high, top)
+        if high is not None and low > high:
+            return None
+        prefix_length = max([len(_schema_list(l.schema, "prefixItems", l.path, empty=True)) for l in leaves] or [0])
+        clauses = []  # (contains part, low, high, leaf)
+        for leaf in leaves:
+            s, p = leaf.schema, leaf.path
+            if "contains" in s:
+                c_low = _count(s, "minContains", p, 1)
+                c_high = _count(s, "maxContains", p, None)
+                if c_low == 0 and c_high is None:
+                    continue
+                clauses.append((_at(leaf, s["contains"], f"{p}/contains"), c_low, c_high, leaf))
+        unique = any(l.schema.get("uniqueItems") is True for l in leaves) and (high is None or high > 1)
+        unevaluated = [l for l in leaves if "unevaluatedItems" in l.schema]
+        if not any("items" in l.schema or "prefixItems" in l.schema for l in leaves) and not (
+                clauses or unique or unevaluated) and low == 0 and high is None:
+            return conv._primitive("array")
+        if len(clauses) > 4:
+            raise ValueError(f"json schema: 'contains' at {path}: more than 4 of them apply to one array")
+        positions = max(prefix_length, low, high if high is not None else 0) if high is not None else max(
+            prefix_length, low)
+        if unique and clauses:
+            raise ValueError(f"json schema: 'uniqueItems' next to 'contains' at {path} is not supported")
+        if not clauses and not unique and not unevaluated:
+            return self._simple(prefix_length, low, high)
+        return self._counted(prefix_length, positions, low, high, clauses, unique, unevaluated)
+
+    def _position_parts(self, i: int) -> tuple[list[Part], list[Part]]:
+        """The schemas for the item at position `i`, and the leaves that evaluate it there."""
+        parts, evaluators = [], []
+        for leaf in self.leaves:
+            s, p = leaf.schema, leaf.path
+            prefix = _schema_list(s, "prefixItems", p, empty=True)
+            if i < len(prefix):
+                parts.append(_at(leaf, prefix[i], f"{p}/prefixItems/{i}"))
+                evaluators.append(leaf)
+            elif "items" in s:
+                parts.append(_at(leaf, s["items"], f"{p}/items"))
+                evaluators.append(leaf)
+        return parts, evaluators
+
+    def _item(self, parts: list[Part], label: str) -> str | None:
+        return self.conv._conjunction(parts, label, self.path) if parts else self.conv._primitive("value")
+
+    def _simple(self, prefix_length: int, low: int, high: int | None) -> str | None:
+        rules = []
+        for i in range(prefix_length if high is None else min(prefix_length, high)):
+            rule = self._item(self._position_parts(i)[0], f"{self.name}-tuple-{i}")
+            if rule is None:
+                high = i
+                break
+            rules.append(rule)
+        if high is not None and low > high:
+            return None
+        more = high is None or high > len(rules)
+        item = self._item(self._position_parts(len(rules))[0], f"{self.name}-item") if more else None
+        if item is None and more:
+            if low > len(rules):
+                return None
+            high = len(rules)
         return _sequence('"[" space', _array_elements(rules, item, low, high), '"]" space')
+
+    def _counted(self, prefix_length, positions, low, high, clauses, unique, unevaluated) -> str | None:
+        conv, name = self.conv, self.name
+        negations = []
+        for part, _, c_high, _ in clauses:
+            negations.append(_at_made(part, conv._negate(part, frozenset())) if c_high is not None else None)
+        caps = [c_high + 1 if c_high is not None else c_low for _, c_low, c_high, _ in clauses]
+        values: list[str] | None = None
+        alternatives_at: dict[int, list[tuple[str, tuple[int, ...], int]]] = {}  # position -> (rule, adds, value bit)
+
+        def alternatives(i: int):
+            if i in alternatives_at:
+                return alternatives_at[i]
+            base, evaluators = self._position_parts(i)
+            label = f"{name}-tuple-{i}" if i < prefix_length else f"{name}-item"
+            out = []
+            for subset in range(1 << len(clauses)):
+                parts = list(base)
+                adds = tuple((subset >> j) & 1 for j in range(len(clauses)))
+                for j, (part, _, _, _) in enumerate(clauses):
+                    if adds[j]:
+                        parts.append(part)
+                    elif negations[j] is not None:
+                        parts.append(negations[j])
+                for leaf in unevaluated:
+                    seen_here = any(e.annotating and (e is leaf or id(leaf.schema) in e.owners) for e in evaluators)
+                    counted = any(adds[j] and c[3].annotating and (c[3] is leaf or id(leaf.schema) in c[3].owners)
+                                  for j, c in enumerate(clauses))
+                    if not seen_here and not counted:
+                        parts.append(_at(leaf, leaf.schema["unevaluatedItems"], f"{leaf.path}/unevaluatedItems"))
+                if unique:
+                    for text in self._finite_texts(parts, i):
+                        out.append((gbnf_literal(text) + " space", adds, text))
+                    continue
+                rule = self._item(parts, label if not clauses else f"{label}-{subset}")
+                if rule is not None:
+                    out.append((rule, adds, None))
+            alternatives_at[i] = out
+            return out
+
+        texts: dict[str, int] = {}
+        start = (0, (0,) * len(clauses), 0)
+        states, order, seen = {}, [start], {start}
+        while order:
+            state = order.pop()
+            i, counts, used = state
+            moves = []
+            if high is None or i < high:
+                for rule, adds, text in alternatives(min(i, positions)):
+                    bit = 0
+                    if text is not None:
+                        bit = 1 << texts.setdefault(text, len(texts))
+                        if used & bit:
+                            continue
+                    new_counts = tuple(min(c + a, cap) for c, a, cap in zip(counts, adds, caps))
+                    if any(c_high is not None and c > c_high for c, (_, _, c_high, _) in zip(new_counts, clauses)):
+                        continue
+                    # Past every position that differs, one state (but past the first: a comma).
+                    nxt = (i + 1 if high is not None else min(i + 1, max(positions, 1)), new_counts, used | bit)
+                    moves.append((rule, nxt))
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        order.append(nxt)
+                        if len(seen) > MAX_MEMBER_STATES:
+                            raise ValueError(f"json schema: the array at {self.path} needs more than "
+                                             f"{MAX_MEMBER_STATES} states to count its items")
+            states[state] = moves
+
+        def final(state) -> bool:
+            i, counts, _ = state
+            return i >= low and all(c >= c_low for c, (_, c_low, _, _) in zip(counts, clauses))
+
+        body = _state_rules(conv, f"{name}-items", start, states, final,
+                            lambda state, item: item if state[0] == 0 else f'"," space {item}')
+        return None if body is None else _sequence('"[" space', _group(body), '"]" space')
+
+    def _finite_texts(self, parts: list[Part], i: int) -> list[str]:
+        values = self.conv.finite_values(parts)
+        if values is None or len(values) > MAX_UNIQUE_VALUES:
+            raise ValueError(f"json schema: 'uniqueItems' at {self.path}: the items can take more than "
+                             f"{MAX_UNIQUE_VALUES} values, and a grammar cannot keep unboundedly many apart")
+        return [_compact(v, self.path) if _kind_of(v) != "number" else _canonical_number(v) for v in values]
+
+
+def _at(leaf: Part, schema: Any, path: str) -> Part:
+    """A subschema of `leaf` at a new place of the instance (a property's value, an item)."""
+    return Part(schema, leaf.base, path, leaf.scope, leaf.annotating)
+
+
+def _at_made(part: Part, schema: Any) -> Part:
+    return Part(schema, part.base, part.path, part.scope, False, part.owners)
 
 
 # ---- keyword values -----------------------------------------------------------------------
+
+ANNOTATIONS = frozenset({"title", "description", "examples", "default", "$schema", "$id", "$comment",
+                         "deprecated", "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$defs",
+                         "definitions", "$vocabulary", "contentEncoding", "contentMediaType", "contentSchema"})
+
+
+def _trivial(schema: Any) -> bool:
+    """Whether `schema` allows every value (true, or annotations only)."""
+    return schema is True or isinstance(schema, dict) and all(isinstance(k, str) and k in ANNOTATIONS
+                                                              for k in schema)
+
+
+def _only_ref(schema: Any) -> bool:
+    """Whether `schema` is a `$ref` and annotations only."""
+    return isinstance(schema, dict) and "$ref" in schema and all(
+        k == "$ref" or (isinstance(k, str) and k in ANNOTATIONS) for k in schema)
 
 
 def _constrains(schema: dict, key: str) -> bool:
@@ -527,36 +1493,80 @@ def _check_schema(value: Any, path: str) -> None:
                          "not an object or a boolean")
 
 
-def _check_subschemas(schema: dict, path: str) -> None:
-    """ValueError unless each keyword of `schema` that holds schemas holds them in the shape it
-    must: `$defs`, `definitions` and `properties` an object of schemas, `items` and
-    `additionalProperties` a schema, `prefixItems` a list of schemas. Checked whatever types the
-    schema allows, so a non-schema such as `{"$defs": false}` is refused even where the keyword
-    has no effect; the schemas inside are checked further only where they are converted."""
-    for key in SCHEMA_MAPS:
+def _check_keywords(schema: dict, path: str) -> None:
+    """ValueError for keywords of older drafts, and unless each keyword that holds schemas
+    holds them in its shape (checked whatever types the schema allows, so a non-schema such as
+    `{"$defs": false}` is refused even where the keyword has no effect)."""
+    for key, hint in UNSUPPORTED.items():
         if key in schema:
-            value = schema[key]
-            if not isinstance(value, dict):
-                raise ValueError(f"json schema: {key!r} at {path} must be an object whose values are "
-                                 f"schemas (objects or booleans), got {type(value).__name__}")
-            for name, sub in value.items():
-                _check_schema(sub, f"{path}/{key}/{_pointer(name)}")
+            raise ValueError(f"json schema: {key!r} at {path} is not supported: {hint}")
     if isinstance(schema.get("items"), list):
         raise ValueError(f"json schema: 'items' at {path} is a list (the tuple form of older "
                          "drafts); write 'prefixItems' instead")
-    for key in ("items", "additionalProperties"):
+    for key in SCHEMA_MAPS:
+        if key in schema:
+            _schema_map(schema, key, path, check=True)
+    for key in SINGLE_SCHEMAS:
         if key in schema:
             _check_schema(schema[key], f"{path}/{key}")
-    if "prefixItems" in schema:
-        prefix = schema["prefixItems"]
-        if not isinstance(prefix, list):
-            raise ValueError(f"json schema: 'prefixItems' at {path} must be a list of schemas, "
-                             f"got {type(prefix).__name__}")
-        for i, sub in enumerate(prefix):
-            _check_schema(sub, f"{path}/prefixItems/{i}")
+    for key in SCHEMA_LISTS:
+        if key in schema:
+            _schema_list(schema, key, path, empty=key == "prefixItems")
+    if not isinstance(schema.get("format", ""), str):
+        raise ValueError(f"json schema: 'format' at {path} must be a string")
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
+                      ("minContains", "maxContains"), ("minimum", "maximum")):
+        if low in schema and high in schema:
+            check = _bound if low == "minimum" else lambda s, k, p: _count(s, k, p, 0)
+            if check(schema, low, path) > check(schema, high, path):
+                raise ValueError(f"json schema: {low!r} at {path} is greater than {high!r}")
+    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
+        raise ValueError(f"json schema: 'uniqueItems' at {path} must be true or false")
 
 
-def _declared_types(schema: dict, path: str) -> list[str]:
+def _schema_map(schema: dict, key: str, path: str, check: bool = False) -> dict:
+    """The object of schemas under `key` ({} if absent); `check`: each value is checked too."""
+    value = schema.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"json schema: {key!r} at {path} must be an object whose values are "
+                         f"schemas (objects or booleans), got {type(value).__name__}")
+    if check:
+        for name, sub in value.items():
+            if not isinstance(sub, (dict, bool)):
+                _check_schema(sub, f"{path}/{key}/{_pointer(name)}")
+    return value
+
+
+def _schema_list(schema: dict, key: str, path: str, empty: bool = True) -> list:
+    """The list of schemas under `key` ([] if absent); `empty=False`: it may not be empty."""
+    if key not in schema:
+        return []
+    value = schema[key]
+    if not isinstance(value, list) or (not value and not empty):
+        raise ValueError(f"json schema: {key!r} at {path} must be a {'' if empty else 'non-empty '}list of "
+                         f"schemas, got {type(value).__name__ if not isinstance(value, list) else 'an empty list'}")
+    for i, sub in enumerate(value):
+        _check_schema(sub, f"{path}/{key}/{i}")
+    return value
+
+
+def _required(schema: dict, path: str) -> list[str]:
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ValueError(f"json schema: 'required' at {path} must be a list of strings")
+    return required
+
+
+def _dependent_required(schema: dict, path: str) -> dict[str, list[str]]:
+    value = schema.get("dependentRequired", {})
+    if not isinstance(value, dict) or not all(
+            isinstance(v, list) and all(isinstance(x, str) for x in v) for v in value.values()):
+        raise ValueError(f"json schema: 'dependentRequired' at {path} must be an object of lists of strings")
+    return value
+
+
+def _declared(schema: dict, path: str) -> tuple[set[str], bool]:
+    """The kinds `type` allows, and whether its numbers must be integers."""
     types = schema["type"]
     names = [types] if isinstance(types, str) else types
     if not isinstance(names, list) or not names or not all(isinstance(t, str) for t in names):
@@ -564,14 +1574,15 @@ def _declared_types(schema: dict, path: str) -> list[str]:
     for t in names:
         if t not in TYPES:
             raise ValueError(f"json schema: 'type' at {path} names an unknown type {t!r}")
-    return list(dict.fromkeys(names))
+    kinds = {"number" if t == "integer" else t for t in names}
+    return kinds, "integer" in names and "number" not in names
 
 
-def _schema_list(schema: dict, key: str, path: str) -> list:
-    value = schema[key]
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"json schema: {key!r} at {path} must be a non-empty list of schemas")
-    return value
+def _enum(schema: dict, path: str) -> list:
+    values = schema["enum"]
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"json schema: 'enum' at {path} must be a non-empty list")
+    return values
 
 
 def _count(schema: dict, key: str, path: str, default: int | None) -> int | None:
@@ -588,25 +1599,52 @@ def _count(schema: dict, key: str, path: str, default: int | None) -> int | None
     return value
 
 
-def _bound(schema: dict, key: str, path: str) -> float:
+def _bound(schema: dict, key: str, path: str) -> int | float:
     value = schema[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"json schema: {key!r} at {path} must be a finite number")
     return value
 
 
-def _json_types(value: Any) -> set[str]:
+def _step(schema: dict, path: str) -> Fraction:
+    value = _bound(schema, "multipleOf", path)
+    if value <= 0:
+        raise ValueError(f"json schema: 'multipleOf' at {path} must be greater than 0, got {value!r}")
+    return _fraction(value)
+
+
+def _fraction(value: Any) -> Fraction:
+    """A JSON number as the exact decimal it was written as (floats by their shortest repr)."""
+    return Fraction(value) if isinstance(value, (int, Fraction)) else Fraction(repr(float(value)))
+
+
+def _kind_of(value: Any) -> str:
     if value is None:
-        return {"null"}
+        return "null"
     if isinstance(value, bool):
-        return {"boolean"}
-    if isinstance(value, int):
-        return {"integer", "number"}
-    if isinstance(value, float):
-        return {"integer", "number"} if value.is_integer() else {"number"}
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
     if isinstance(value, str):
-        return {"string"}
-    return {"array"} if isinstance(value, list) else {"object"}
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _integral(value: Any) -> bool:
+    return isinstance(value, int) or isinstance(value, float) and value.is_integer()
+
+
+def _canonical_number(value: Any) -> str:
+    from .numbers import canonical
+
+    return canonical(value)
+
+
+def _compact(value: Any, path: str) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError as e:
+        raise ValueError(f"json schema: a value of 'enum' or 'const' at {path} is not JSON: {e}") from e
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -676,29 +1714,6 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _object_members(pairs: list[tuple[str, bool, bool]]) -> str:
-    """The members of an object, in order: (rule, required, repeated) each. Optional pairs may
-    be left out; the first one written has no comma before it, so the expression is one
-    alternative per possible first pair (any pair up to the first required one)."""
-    def after(i: int) -> list[str]:
-        out = []
-        for rule, needed, repeated in pairs[i:]:
-            pair = f'"," space {rule}'
-            out.append(pair if needed else f"( {pair} )" + ("*" if repeated else "?"))
-        return out
-
-    first_required = next((i for i, (_, needed, _) in enumerate(pairs) if needed), None)
-    last_start = len(pairs) - 1 if first_required is None else first_required
-    alternatives = []
-    for i in range(last_start + 1):
-        rule, _, repeated = pairs[i]
-        alternatives.append(_sequence(rule, *after(i if repeated else i + 1)))
-    if not alternatives:
-        return ""
-    body = " | ".join(alternatives)
-    return f"( {body} )?" if first_required is None else _group(body)
-
-
 def _array_elements(prefix: list[str], item: str | None, low: int, high: int | None) -> str:
     """Elements: the `prefix` rules one by one, then `item` repeated, `low`..`high` in all."""
     def from_index(i: int) -> str:
@@ -719,43 +1734,6 @@ def _array_elements(prefix: list[str], item: str | None, low: int, high: int | N
         return body if need else f"( {body} )?"
 
     return from_index(0)
-
-
-def _units(spelled: str) -> list[str]:
-    """A JSON string's inside split into characters: raw ones and escapes (`\\n`, `\\u00e9`)."""
-    units, i = [], 0
-    while i < len(spelled):
-        size = 1 if spelled[i] != "\\" else 6 if spelled[i + 1] == "u" else 2
-        units.append(spelled[i:i + size])
-        i += size
-    return units
-
-
-def _spellable(unit: str) -> bool:
-    """Whether `key-char` can write `unit`."""
-    if len(unit) == 2:
-        return unit[1] in _KEY_ESCAPES
-    return len(unit) == 1 and unit not in '"\\' and ord(unit) >= 0x20 and ord(unit) != 0x7F
-
-
-def _trie_expression(node: dict) -> str:
-    """Key characters that spell none of the names in the trie below `node` (a name ends where
-    a node has the key None)."""
-    branches, raw, escaped = [], [], []
-    for unit, child in node.items():
-        if unit is None or not _spellable(unit):
-            continue
-        (escaped if len(unit) == 2 else raw).append(unit[-1])
-        branches.append(_sequence(gbnf_literal(unit), _trie_expression(child)))
-    if not branches:
-        return "key-char+" if None in node else "key-char*"
-    other = "[^" + '"\\x5C\\x7F\\x00-\\x1F' + "".join(gbnf_class_char(c) for c in raw) + "]"
-    escapes = [c for c in _KEY_ESCAPES if c not in escaped]
-    if escapes:
-        other = f'( {other} | "\\\\" [{"".join(gbnf_class_char(c) for c in escapes)}] )'
-    branches.append(f"{other} key-char*")
-    body = " | ".join(branches)
-    return f"( {body} )" if None in node else f"( {body} )?"
 
 
 def _top_level_branches(pattern: str) -> list[str]:
@@ -794,70 +1772,3 @@ def _ends_with_anchor(branch: str) -> bool:
         return False
     backslashes = len(branch) - 1 - len(branch[:-1].rstrip("\\"))
     return backslashes % 2 == 0
-
-
-# ---- integer ranges -----------------------------------------------------------------------
-
-
-def _integer_range(low: int, high: int) -> str:
-    """Alternatives for the integers `low`..`high`, each spelled the canonical way."""
-    if high < 0:
-        return f'"-" {_group(_natural_range(-high, -low))}'
-    if low >= 0:
-        return _natural_range(low, high)
-    return f'"-" {_group(_natural_range(1, -low))} | {_natural_range(0, high)}'
-
-
-def _natural_range(low: int, high: int) -> str:
-    """Alternatives for `low`..`high` (0 <= low <= high), without leading zeros."""
-    alternatives = []
-    if low == 0:
-        alternatives.append('"0"')
-        low = 1
-    if low <= high:
-        low_len, high_len = len(str(low)), len(str(high))
-        if low_len == high_len:
-            alternatives.append(_same_length(str(low), str(high)))
-        else:
-            first_full, last_full = low_len, high_len  # lengths where every number is in range
-            if low > 10 ** (low_len - 1):
-                alternatives.append(_same_length(str(low), "9" * low_len))
-                first_full += 1
-            tail = None
-            if high < 10**high_len - 1:
-                tail = _same_length("1" + "0" * (high_len - 1), str(high))
-                last_full -= 1
-            if first_full <= last_full:
-                alternatives.append(_sequence("[1-9]", _repeat("[0-9]", first_full - 1, last_full - 1)))
-            if tail:
-                alternatives.append(tail)
-    return " | ".join(alternatives)
-
-
-def _same_length(low: str, high: str) -> str:
-    """Alternatives for the digit strings from `low` to `high`, both of the same length."""
-    common = 0
-    while common < len(low) and low[common] == high[common]:
-        common += 1
-    head = f'"{low[:common]}"' if common else ""
-    low, high = low[common:], high[common:]
-    if not low:
-        return head
-    a, b, k = int(low[0]), int(high[0]), len(low) - 1
-    if k == 0:
-        return _sequence(head, _digit(a, b))
-    alternatives = []
-    first = a if low[1:] == "0" * k else a + 1
-    last = b if high[1:] == "9" * k else b - 1
-    if first > a:
-        alternatives.append(_same_length(low, f"{a}{'9' * k}"))
-    if first <= last:
-        alternatives.append(f"{_digit(first, last)} {_repeat('[0-9]', k, k)}")
-    if last < b:
-        alternatives.append(_same_length(f"{b}{'0' * k}", high))
-    body = " | ".join(alternatives)
-    return _sequence(head, _group(body)) if head else body
-
-
-def _digit(a: int, b: int) -> str:
-    return f'"{a}"' if a == b else f"[{a}-{b}]"

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from .escape import gbnf_class_char, gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
-__all__ = ["regex_to_gbnf", "regex_to_gbnf_expression"]
+__all__ = ["format_chars", "parse_regex", "regex_to_gbnf", "regex_to_gbnf_expression"]
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -500,7 +500,7 @@ def _class_body(ranges: Ranges) -> str:
     return "".join(parts)
 
 
-def _format_chars(ranges: Ranges) -> str:
+def format_chars(ranges: Ranges) -> str:
     """A one-character literal, or the shorter of the positive and the negated class."""
     cp = _point(ranges)
     if cp is not None:
@@ -552,7 +552,7 @@ def _format_item(node: Node) -> str:
 def _format_atom(node: Node) -> str:
     """The node as one GBNF element that a quantifier can follow."""
     if isinstance(node, Chars):
-        return _format_chars(node.ranges)
+        return format_chars(node.ranges)
     if isinstance(node, Seq) and all(_single(item) is not None for item in node.items):
         return _format_sequence(node)
     return f"({_format(node)})"
@@ -575,9 +575,14 @@ def regex_to_gbnf_expression(pattern: str) -> str:
 
     Raises ValueError for a pattern that is not a str, is malformed, or uses a construct GBNF
     cannot express (the message names it and its position)."""
+    return _format(parse_regex(pattern))
+
+
+def parse_regex(pattern: str) -> Node:
+    """The simplified tree of `pattern` (for building automata, `automata.DFA.from_regex`)."""
     if not isinstance(pattern, str):
         raise ValueError(f"regex: pattern must be a str, got {type(pattern).__name__}")
-    return _format(_Parser(pattern).parse())
+    return _Parser(pattern).parse()
 
 
 def regex_to_gbnf(pattern: str) -> str:
