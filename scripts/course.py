@@ -74,6 +74,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     # One request builder: the command line's generate, chat and batch with --min-tokens.
     "tests/test_requests.py": ("week2-day5",),
     "tests/test_serve.py": ("week2-day5", "week3-day3"),
+    "tests/test_serve_agents.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_engine.py": ("week2-day5",),
     "tests/test_serve_default.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_browser.py": ("week2-day5",),

@@ -166,7 +166,6 @@ def test_a_good_request_becomes_a_job(ctx, default_tokenizer):
     (chat(tools=[{"type": "function"}]), "tools[0]", 400),
     (chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice", 400),
     (chat(tool_choice="required"), "tool_choice", 400),
-    (chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "tool_choice", 400),
     (chat(frobnicate=1), "frobnicate", 400),
     (chat(regex="yes|no", mirostat=2), "regex", 400),  # named as the request names it
     (chat(model="gpt-4"), "model", 404),

@@ -171,7 +171,7 @@ def compile_constraint(sources: Sequence[tuple], spell: Spelling = as_is, gramma
     or a function building the grammar — and the field (spelled by `label`, default
     `spell`) it came from; (None, None) without sources. Two sources (of the fields
     `options`), a value that does not compile, or a grammar whose one text is the empty one
-    are a `FieldError`."""
+    are a `FieldError` (a builder may raise its own, naming another field)."""
     if len(sources) > 1:
         names, given = [spell(o) for o in options], [spell(s[0]) for s in sources]
         raise FieldError(f"{verb} one of {', '.join(names[:-1])} and {names[-1]}, not {given[0]} and {given[1]}",
@@ -188,6 +188,8 @@ def compile_constraint(sources: Sequence[tuple], spell: Spelling = as_is, gramma
         key, build = (kind, json.dumps(value, sort_keys=True, default=repr)), lambda: Grammar.from_kind(kind, value)
     try:
         grammar = grammars.get(key, build) if grammars is not None else build()
+    except FieldError:
+        raise  # the builder named the field at fault itself (a part of a combined grammar)
     except (ValueError, RecursionError) as e:
         text = str(e)
         raise FieldError(f"{label} {text}" if text.startswith(("must be", "is not")) else f"{label}: {text}",

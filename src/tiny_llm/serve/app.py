@@ -126,7 +126,8 @@ def create_app(server: Server) -> Starlette:
             raise RequestError("the request body must be a JSON object")
         if "messages" in body:
             probe = {"messages": body["messages"], "max_tokens": 1}
-            probe.update({k: body[k] for k in ("tools", "tool_choice") if body.get(k) is not None})
+            probe.update({k: body[k] for k in ("tools", "tool_choice", "functions", "function_call")
+                          if body.get(k) is not None})
             tokens = (await run_in_threadpool(parse, probe, "chat", server.ctx)).prompt
         elif isinstance(body.get("prompt"), str):
             tokens = encode(server.ctx.tokenizer, body["prompt"], "prompt")
@@ -274,7 +275,11 @@ def _sse(data: dict) -> str:
 
 class Reply:
     """The answer to one job, built from its events: each choice's text, tool calls,
-    log-probabilities, finish reason and token count; and the stream chunks of each event."""
+    log-probabilities, finish reason and token count; and the stream chunks of each event.
+
+    A job that spelled its tools the deprecated way (`functions`) gets its call in the
+    deprecated shape: `function_call` (one call, the first the reply holds) and
+    `finish_reason: "function_call"`, no `tool_calls`."""
 
     def __init__(self, server: Server, job: Job, id: str):
         self.server, self.job, self.id = server, job, id
@@ -298,6 +303,9 @@ class Reply:
         if self.job.include_usage:
             chunk["usage"] = None
         return chunk
+
+    def _reason(self, finish: str | None) -> str | None:
+        return "function_call" if self.job.legacy and finish == "tool_calls" else finish
 
     def opening(self) -> list[dict]:
         if self.job.kind != "chat":
@@ -329,10 +337,14 @@ class Reply:
             return []
         if self.job.kind == "chat":
             delta = {"content": event.text} if event.text else {}
-            if event.tool_calls:
+            if event.tool_calls and self.job.legacy:
+                if first_call == 0:
+                    delta["function_call"] = event.tool_calls[0].to_legacy()
+            elif event.tool_calls:
                 delta["tool_calls"] = [c.to_openai(first_call + k) for k, c in enumerate(event.tool_calls)]
             logprobs = {"content": [entry]} if entry is not None else None
-            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": event.finish_reason}
+            choice = {"index": i, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": self._reason(event.finish_reason)}
         else:
             logprobs = self.server.completion_logprobs([entry]) if entry is not None else None
             choice = {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}
@@ -352,11 +364,13 @@ class Reply:
             if self.job.kind == "chat":
                 text = self.texts[i].strip() if self.calls[i] else self.texts[i]
                 message = {"role": "assistant", "content": text or (None if self.calls[i] else "")}
-                if self.calls[i]:
+                if self.calls[i] and self.job.legacy:
+                    message["function_call"] = self.calls[i][0].to_legacy()
+                elif self.calls[i]:
                     message["tool_calls"] = [c.to_openai() for c in self.calls[i]]
                 logprobs = {"content": self.logprobs[i]} if self.job.logprobs is not None else None
                 choices.append({"index": i, "message": message, "logprobs": logprobs,
-                                "finish_reason": self.finish[i]})
+                                "finish_reason": self._reason(self.finish[i])})
             else:
                 logprobs = self.server.completion_logprobs(self.logprobs[i]) if self.job.logprobs is not None else None
                 choices.append({"index": i, "text": self.texts[i], "logprobs": logprobs,

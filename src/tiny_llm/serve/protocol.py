@@ -9,12 +9,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from ..constrain import json_schema_to_gbnf
 from ..defaults import MAX_TOKENS
 from ..requests import FieldError, GrammarCache, build_request, check_max_tokens, seeded
 from ..sampler import SamplingParams
 from ..sampler.checks import check_int
 from ..tokenizer import Tokenizer
-from .tools import ToolError, check_tool_choice, check_tools, conversation, tool_call_grammar
+from .tools import (ToolError, call_or_answer_grammar, check_function_call, check_tool_choice, check_tools,
+                    conversation, tool_call_grammar, tools_of_functions)
 
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
@@ -28,9 +30,11 @@ EXTENSIONS = frozenset(f.name for f in fields(SamplingParams)) - {"logprobs", "g
 COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                     "frequency_penalty", "logit_bias", "stream", "samplers", "order", "grammar", "regex",
                     "json_schema", "response_format"})
-CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"}
+# The deprecated spelling of `tools` / `tool_choice`, field by field.
+LEGACY = {"functions": "tools", "function_call": "tool_choice"}
+CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"} | set(LEGACY)
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # "function": the deprecated "tool"
 
 
 class RequestError(ValueError):
@@ -59,6 +63,7 @@ class Job:
     stream: bool = False
     include_usage: bool = False
     tools: bool = False  # parse tool calls out of the reply
+    legacy: bool = False  # answer a call in the deprecated shape: `function_call`, not `tool_calls`
 
 
 @dataclass
@@ -74,6 +79,23 @@ class Context:
 
     def __post_init__(self):
         self.grammars = self.grammars or GrammarCache()
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A chat request's tools: the definitions (in the `tools` shape), the `tool_choice` mode
+    ("none" | "auto" | "required"), the one function a named choice forces, and whether the
+    request spelled them the deprecated way (`functions` / `function_call`)."""
+
+    definitions: list[dict] | None = None
+    mode: str = "none"
+    forced: str | None = None
+    legacy: bool = False
+
+    @property
+    def offered(self) -> list[dict] | None:
+        """The tools the model is shown and may call (none in mode "none")."""
+        return self.definitions if self.mode != "none" else None
 
 
 def parse(body, kind: str, ctx: Context) -> Job:
@@ -101,24 +123,38 @@ def parse(body, kind: str, ctx: Context) -> Job:
         raise RequestError("stream_options must be an object, and only with stream: true", "stream_options")
     include_usage = bool(options and _flag(options, "include_usage", "stream_options.include_usage"))
 
-    tools, tool_mode, forced = None, "none", None
+    tools = Tools()
     if kind == "chat":
-        try:
-            tools = check_tools(body["tools"]) if body.get("tools") is not None else None
-            tool_mode, forced = check_tool_choice(body.get("tool_choice"), tools)
-        except ToolError as e:
-            raise RequestError(str(e), e.param) from None
-        prompt = _chat_prompt(body.get("messages"), tools if tool_mode != "none" else None, ctx)
+        tools = _tools(body)
+        prompt = _chat_prompt(body.get("messages"), tools.offered, ctx)
     else:
         prompt = _completion_prompt(body.get("prompt"), ctx)
 
     max_tokens = _max_tokens(body, kind, len(prompt), ctx)
     logprobs = _logprobs(body, kind)
     n = check_field("n", body.get("n", 1), lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
-    request = _request(body, logprobs, _constraints(body, tools if tool_mode == "required" else None, forced), ctx)
+    request = _request(body, logprobs, _constraints(body, tools), ctx)
     choices = [seeded(request.params, i) for i in range(n)]  # choice i draws with seed + i: they differ
     return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, list(request.stop), logprobs, stream,
-               include_usage, tools=tool_mode != "none")
+               include_usage, tools=tools.offered is not None, legacy=tools.legacy)
+
+
+def _tools(body: dict) -> Tools:
+    old = [name for name in LEGACY if body.get(name) is not None]
+    new = [name for name in LEGACY.values() if body.get(name) is not None]
+    if old and new:
+        raise RequestError(f"{old[0]} is the deprecated spelling of {LEGACY[old[0]]}: send tools and tool_choice, "
+                           f"or functions and function_call, not {new[0]} and {old[0]}", old[0])
+    try:
+        if old:
+            definitions = tools_of_functions(body["functions"]) if body.get("functions") is not None else None
+            mode, forced = check_function_call(body.get("function_call"), definitions)
+        else:
+            definitions = check_tools(body["tools"]) if body.get("tools") is not None else None
+            mode, forced = check_tool_choice(body.get("tool_choice"), definitions)
+    except ToolError as e:
+        raise RequestError(str(e), e.field) from None
+    return Tools(definitions, mode, forced, legacy=bool(old))
 
 
 def check_field(name: str, value, check: Callable):
@@ -172,8 +208,8 @@ def _chat_prompt(messages, tools: list[dict] | None, ctx: Context) -> list[int]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             role = m.get("role") if isinstance(m, dict) else None
             raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-        message = {"role": "system" if m["role"] == "developer" else m["role"],
-                   "content": _text_content(m.get("content"), f"{where}.content")}
+        role = {"developer": "system", "function": "tool"}.get(m["role"], m["role"])
+        message = {"role": role, "content": _text_content(m.get("content"), f"{where}.content")}
         if m["role"] == "assistant" and m.get("tool_calls") is not None:
             calls = m["tool_calls"]
             if not isinstance(calls, list) or not all(
@@ -182,6 +218,12 @@ def _chat_prompt(messages, tools: list[dict] | None, ctx: Context) -> list[int]:
                 raise RequestError(f"{where}.tool_calls must be a list of {{\"id\", \"type\": \"function\", "
                                    f"\"function\": {{\"name\", \"arguments\"}}}}", f"{where}.tool_calls")
             message["tool_calls"] = [_template_call(c) for c in calls]
+        elif m["role"] == "assistant" and m.get("function_call") is not None:  # the deprecated shape of one call
+            call = m["function_call"]
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise RequestError(f"{where}.function_call must be {{\"name\", \"arguments\"}}, got {call!r}"[:300],
+                                   f"{where}.function_call")
+            message["tool_calls"] = [_template_call({"function": call})]
         if m["role"] == "tool" and m.get("tool_call_id") is not None:
             message["tool_call_id"] = m["tool_call_id"]
         if isinstance(m.get("name"), str):
@@ -275,27 +317,45 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return top
 
 
-def _constraints(body: dict, forced_tools: list[dict] | None, forced_name: str | None) -> list[tuple]:
+def _constraints(body: dict, tools: Tools) -> list[tuple]:
     """The sources of a grammar besides the `grammar` / `regex` / `json_schema` extensions:
-    `response_format`, and a forced tool call."""
-    given = []
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-            raise RequestError(f'response_format must be {{"type": "text" | "json_object" | "json_schema"}}, '
-                               f"got {fmt!r}", "response_format")
-        if fmt["type"] == "json_object":
-            given.append(("response_format", "json_schema", {"type": "object"}))
-        elif fmt["type"] == "json_schema":
-            spec = fmt.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
-                raise RequestError('response_format json_schema must be {"name": ..., "schema": {...}}',
-                                   "response_format")
-            given.append(("response_format", "json_schema", spec.get("schema", {})))
-    if forced_tools is not None:
-        build = lambda: tool_call_grammar(forced_tools, forced_name)  # noqa: E731
-        given.append(("tool_choice", build, [forced_tools, forced_name]))
-    return given
+    `response_format` and the tools. A forced call is decoded under the call grammar alone
+    (the format is for a later answer, as OpenAI has it); with tools in "auto" mode, the
+    reply is a call or an answer in the format."""
+    schema = _response_schema(body.get("response_format"))
+    choice = "function_call" if tools.legacy else "tool_choice"
+    if tools.mode == "required":
+        if schema is not None:  # checked now, though this reply is a call
+            try:
+                json_schema_to_gbnf(schema)
+            except (ValueError, RecursionError) as e:
+                raise RequestError(f"response_format: {e}", "response_format") from None
+        build = lambda: tool_call_grammar(tools.definitions, tools.forced, legacy=tools.legacy)  # noqa: E731
+        return [(choice, build, [tools.definitions, tools.forced])]
+    if schema is None:
+        return []
+    if tools.mode == "auto":
+        build = lambda: call_or_answer_grammar(tools.definitions, schema, legacy=tools.legacy)  # noqa: E731
+        return [("response_format", build, [tools.definitions, schema])]
+    return [("response_format", "json_schema", schema)]
+
+
+def _response_schema(fmt) -> dict | bool | None:
+    """The schema a `response_format` asks for; None for plain text."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError(f'response_format must be {{"type": "text" | "json_object" | "json_schema"}}, '
+                           f"got {fmt!r}", "response_format")
+    if fmt["type"] == "json_object":
+        return {"type": "object"}
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
+            raise RequestError('response_format json_schema must be {"name": ..., "schema": {...}}',
+                               "response_format")
+        return spec.get("schema", {})
+    return None
 
 
 def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Context):

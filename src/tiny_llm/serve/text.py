@@ -62,6 +62,10 @@ class ToolCall:
         call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
         return call if index is None else {"index": index, **call}
 
+    def to_legacy(self) -> dict:
+        """The deprecated `function_call` shape (no id)."""
+        return {"name": self.name, "arguments": self.arguments}
+
 
 def parse_tool_call(body: str) -> ToolCall | None:
     """The call in the text between the tags: a JSON object with a string `name` and an

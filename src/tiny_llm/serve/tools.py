@@ -1,17 +1,23 @@
 """Engine — tool calling for the server: tool definitions into the prompt, forced calls as a
-grammar, and conversations that carry calls and their results back to the model.
+grammar (or a call or a structured answer as one), and conversations that carry calls and
+their results back to the model.
 
 The call format is the one Qwen2.5 and Hermes models are trained on: a JSON object
 `{"name": …, "arguments": {…}}` between `<tool_call>` and `</tool_call>`, results in
 `<tool_response>` blocks. A chat template that reads a `tools` variable renders the
 definitions itself; for any other template the server adds them to the system message in
 the format `TOOLS_PREAMBLE` describes, and writes earlier calls and results as text.
+
+The deprecated `functions` / `function_call` fields are the same tools spelled the old way:
+`tools_of_functions` and `check_function_call` read them into the new shape.
 """
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 
 from ..constrain import Grammar, json_schema_to_gbnf
+from ..requests import FieldError
 from .text import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 TOOLS_PREAMBLE = """\
@@ -26,12 +32,15 @@ To call one, reply with its name and arguments as JSON between <tool_call> and <
 The results come back between <tool_response> and </tool_response>."""
 
 
-class ToolError(ValueError):
-    """A malformed `tools`, `tool_choice` or tool message; `param` names the field."""
+class ToolError(FieldError):
+    """A malformed `tools`, `tool_choice`, `functions` or `function_call`; `field` names the
+    field at fault."""
 
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.param = param
+
+def _where(i: int, legacy: bool = False) -> str:
+    """How a request names its i-th function: `tools[i].function`, or `functions[i]` in the
+    deprecated spelling."""
+    return f"functions[{i}]" if legacy else f"tools[{i}].function"
 
 
 def check_tools(tools) -> list[dict]:
@@ -39,24 +48,42 @@ def check_tools(tools) -> list[dict]:
     "description"?, "parameters"?}}]`."""
     if not isinstance(tools, list) or not tools:
         raise ToolError(f"tools must be a non-empty list of function definitions, got {tools!r}", "tools")
-    names = set()
     for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise ToolError(f'{where} must be {{"type": "function", "function": {{...}}}}, got {tool!r}', where)
-        function = tool["function"]
+            raise ToolError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}, got {tool!r}',
+                            f"tools[{i}]")
+    _check_functions([t["function"] for t in tools], legacy=False)
+    return tools
+
+
+def tools_of_functions(functions) -> list[dict]:
+    """The deprecated `functions: [{"name", "description"?, "parameters"?}]`, checked, as
+    `tools`."""
+    if not isinstance(functions, list) or not functions:
+        raise ToolError(f"functions must be a non-empty list of function definitions, got {functions!r}",
+                        "functions")
+    for i, function in enumerate(functions):
+        if not isinstance(function, dict):
+            raise ToolError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}}, got {function!r}',
+                            f"functions[{i}]")
+    _check_functions(functions, legacy=True)
+    return [{"type": "function", "function": function} for function in functions]
+
+
+def _check_functions(functions: list[dict], legacy: bool) -> None:
+    names = set()
+    for i, function in enumerate(functions):
+        at = _where(i, legacy)
         name = function.get("name")
         if not isinstance(name, str) or not name or len(name) > 64:
-            raise ToolError(f"{where}.function.name must be a non-empty string of at most 64 characters, "
-                            f"got {name!r}", f"{where}.function.name")
+            raise ToolError(f"{at}.name must be a non-empty string of at most 64 characters, got {name!r}",
+                            f"{at}.name")
         if name in names:
-            raise ToolError(f"{where}.function.name {name!r} is defined twice", f"{where}.function.name")
+            raise ToolError(f"{at}.name {name!r} is defined twice", f"{at}.name")
         names.add(name)
         parameters = function.get("parameters", {"type": "object"})
         if not isinstance(parameters, dict):
-            raise ToolError(f"{where}.function.parameters must be a JSON schema object, got {parameters!r}",
-                            f"{where}.function.parameters")
-    return tools
+            raise ToolError(f"{at}.parameters must be a JSON schema object, got {parameters!r}", f"{at}.parameters")
 
 
 def check_tool_choice(choice, tools: list[dict] | None) -> tuple[str, str | None]:
@@ -68,37 +95,86 @@ def check_tool_choice(choice, tools: list[dict] | None) -> tuple[str, str | None
             raise ToolError(f"tool_choice {choice!r} needs tools", "tool_choice")
         return choice, None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        known = [t["function"]["name"] for t in tools or []]
-        if name not in known:
-            raise ToolError(f"tool_choice names function {name!r}, which is not among the tools "
-                            f"({', '.join(map(repr, known)) or 'none given'})", "tool_choice")
-        return "required", name
+        return "required", _known(choice["function"].get("name"), tools, "tool_choice", "tools")
     raise ToolError(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": '
                     f'{{"name": ...}}}}, got {choice!r}', "tool_choice")
 
 
-def tool_call_grammar(tools: list[dict], name: str | None = None) -> Grammar:
-    """Exactly one call block whose JSON names one of `tools` (or `name`) and whose
-    arguments validate against that function's `parameters` schema; JSON on one line."""
-    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    # Each function's parameters move under the document's $defs; their local references
-    # ('#', '#/$defs/...', any '#/...') are rewritten to point where the schema now is.
-    definitions = {f"tool-{i}": _moved(f.get("parameters", {"type": "object"}), f"#/$defs/tool-{i}")
-                   for i, f in enumerate(chosen)}
-    calls = [{
-        "type": "object",
-        "properties": {"name": {"const": f["name"]}, "arguments": {"$ref": f"#/$defs/tool-{i}"}},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    } for i, f in enumerate(chosen)]
-    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "$defs": definitions}
-    body = json_schema_to_gbnf(schema, compact=True)
-    wrapper = "tool-call-block"
-    while f"\n{wrapper} ::=" in f"\n{body}":
-        wrapper += "-x"
-    text = f"{body}\n{wrapper} ::= {json.dumps(TOOL_CALL_OPEN + chr(10))} root {json.dumps(chr(10) + TOOL_CALL_CLOSE)}\n"
-    return Grammar(text, root=wrapper)
+def check_function_call(choice, tools: list[dict] | None) -> tuple[str, str | None]:
+    """The deprecated `function_call` ("none", "auto" or `{"name": ...}`) as `check_tool_choice`
+    reads `tool_choice`; `tools` are the request's `functions`, as `tools_of_functions` gives them."""
+    if choice is None:
+        return ("auto" if tools else "none"), None
+    if choice in ("none", "auto"):
+        if choice == "auto" and not tools:
+            raise ToolError('function_call "auto" needs functions', "function_call")
+        return choice, None
+    if isinstance(choice, dict) and "name" in choice:
+        return "required", _known(choice["name"], tools, "function_call", "functions")
+    raise ToolError(f'function_call must be "none", "auto" or {{"name": ...}}, got {choice!r}', "function_call")
+
+
+def _known(name, tools: list[dict] | None, field: str, among: str) -> str:
+    known = [t["function"]["name"] for t in tools or []]
+    if name not in known:
+        raise ToolError(f"{field} names function {name!r}, which is not among the {among} "
+                        f"({', '.join(map(repr, known)) or 'none given'})", field)
+    return name
+
+
+def tool_call_gbnf(tools: list[dict], name: str | None = None, *, legacy: bool = False) -> str:
+    """GBNF text (start rule `root`) for exactly one call block whose JSON names one of
+    `tools` (or `name`) and whose arguments validate against that function's `parameters`
+    schema; JSON on one line. A schema that does not compile is a `ToolError` naming the
+    function's `parameters` (`legacy`: as the deprecated `functions` names them)."""
+    rules, calls = [], []
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        if name is not None and function["name"] != name:
+            continue
+        # The parameters move under the call's $defs; their local references ('#',
+        # '#/$defs/...', any '#/...') are rewritten to point where the schema now is.
+        call = {
+            "type": "object",
+            "properties": {"name": {"const": function["name"]}, "arguments": {"$ref": "#/$defs/arguments"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            "$defs": {"arguments": _moved(function.get("parameters", {"type": "object"}), "#/$defs/arguments")},
+        }
+        try:
+            text = json_schema_to_gbnf(call, compact=True)
+        except (ValueError, RecursionError) as e:
+            at = f"{_where(i, legacy)}.parameters"
+            raise ToolError(f"{at}: {e}", at) from None
+        rules.append(prefixed(text, f"tool-{i}-"))
+        calls.append(f"tool-{i}-root")
+    block = f"{json.dumps(TOOL_CALL_OPEN + chr(10))} ({' | '.join(calls)}) {json.dumps(chr(10) + TOOL_CALL_CLOSE)}"
+    return "".join([f"root ::= {block}\n", *rules])
+
+
+def tool_call_grammar(tools: list[dict], name: str | None = None, *, legacy: bool = False) -> Grammar:
+    """The grammar of `tool_call_gbnf`: the reply of a forced call."""
+    return Grammar(tool_call_gbnf(tools, name, legacy=legacy))
+
+
+def call_or_answer_grammar(tools: list[dict], schema: dict | bool, *, legacy: bool = False) -> Grammar:
+    """Either one call block, exactly as `tool_call_grammar` allows it, or JSON that validates
+    against `schema` (as `response_format` alone allows it): the reply of a request with tools
+    in "auto" mode and a structured `response_format`."""
+    calls = prefixed(tool_call_gbnf(tools, legacy=legacy), "call-")
+    answer = prefixed(json_schema_to_gbnf(schema), "answer-")
+    return Grammar(f"root ::= call-root | answer-root\n{calls}\n{answer}\n")
+
+
+# The pieces of GBNF text: string literals, character classes, comments, repetition counts
+# (all left as they are) and rule names (group 1).
+_GBNF_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|\{[^}]*\}|([A-Za-z0-9_-]+)')
+
+
+def prefixed(gbnf: str, prefix: str) -> str:
+    """`gbnf` with `prefix` before every rule name, where it is defined and where it is used:
+    grammars given different prefixes share one text without their rules colliding."""
+    return _GBNF_PIECE.sub(lambda m: prefix + m[0] if m[1] else m[0], gbnf)
 
 
 # Keywords whose values are data, not schemas: a "$ref" inside them is not a reference.
