@@ -28,11 +28,12 @@ their spelling inside a JSON string (`"` as `\"`, controls as `\n` or `\u001f`, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from .limits import MAX_STATES, MAX_WORK
 
-__all__ = ["DFA", "JSON_CONTROL", "JSON_CONTROL_BODY", "json_string", "plain"]
+__all__ = ["DFA", "JSON_CONTROL", "JSON_CONTROL_BODY", "json_string", "plain", "reaching"]
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -199,17 +200,7 @@ class DFA:
         return seen
 
     def _coreachable(self) -> set[int]:
-        back: dict[int, set[int]] = {}
-        for s, edges in enumerate(self.edges):
-            for _, _, t in edges:
-                back.setdefault(t, set()).add(s)
-        seen, todo = set(self.accepting), list(self.accepting)
-        while todo:
-            for s in back.get(todo.pop(), ()):
-                if s not in seen:
-                    seen.add(s)
-                    todo.append(s)
-        return seen
+        return reaching({s: [t for _, _, t in edges] for s, edges in enumerate(self.edges)}, self.accepting)
 
     # ---- writing -----------------------------------------------------------------------
 
@@ -238,6 +229,23 @@ class DFA:
                 alternatives.append('""')
             define(names[s], " | ".join(alternatives))
         return names[0]
+
+
+def reaching(moves: Mapping[Any, Iterable[Any]], targets: Iterable[Any]) -> set:
+    """The states of a graph (`moves[state]`: the states it leads to) from which one of
+    `targets` can be reached, the targets included."""
+    back: dict = {}
+    for state, nexts in moves.items():
+        for nxt in nexts:
+            back.setdefault(nxt, set()).add(state)
+    seen = set(targets)
+    todo = list(seen)
+    while todo:
+        for prev in back.get(todo.pop(), ()):
+            if prev not in seen:
+                seen.add(prev)
+                todo.append(prev)
+    return seen
 
 
 # ---- spelling -------------------------------------------------------------------------------

@@ -429,18 +429,7 @@ class Program:
                     done.append(rule)
                 waiting.append(count)
                 owner.append(rule)
-        nullable = [False] * len(self.names)
-        while done:
-            rule = done.popleft()
-            if nullable[rule]:
-                continue
-            nullable[rule] = True
-            for a in users[rule]:
-                if waiting[a] > 0:
-                    waiting[a] -= 1
-                    if waiting[a] == 0:
-                        done.append(owner[a])
-        return nullable
+        return _settle(len(self.names), waiting, owner, users, done)
 
     def _drop_dead_ends(self) -> None:
         """Drop the alternatives that can never be completed: they need a character of a
@@ -466,17 +455,7 @@ class Program:
                     done.append(rule)
                 waiting.append(-1 if dead else count)
                 owner.append(rule)
-        matches = [False] * len(self.names)
-        while done:
-            rule = done.popleft()
-            if matches[rule]:
-                continue
-            matches[rule] = True
-            for a in users[rule]:
-                if waiting[a] > 0:
-                    waiting[a] -= 1
-                    if waiting[a] == 0:
-                        done.append(owner[a])
+        matches = _settle(len(self.names), waiting, owner, users, done)
         if not matches[self.root]:
             raise NoTextError(f"grammar: rule {self.names[self.root]!r} matches no text (every alternative "
                              f"needs a character class that no character is in, like [^\\x00-\\U0010FFFF], "
@@ -486,6 +465,25 @@ class Program:
             self.alts[rule] = [i for k, i in enumerate(starts, a) if waiting[k] == 0]
             a += len(starts)
 
+
+
+def _settle(n: int, waiting: list[int], owner: list[int], users: list[list[int]], done: deque) -> list[bool]:
+    """Which of `n` rules hold, when a rule holds once one of its alternatives waits for no
+    rule (`waiting[a]`: rules alternative `a` still waits for, -1 never; `owner[a]`: its rule;
+    `users[r]`: the alternatives waiting for rule `r`; `done`: rules that hold already).
+    Each alternative's count goes down once per rule it uses: linear in the grammar."""
+    holds = [False] * n
+    while done:
+        rule = done.popleft()
+        if holds[rule]:
+            continue
+        holds[rule] = True
+        for a in users[rule]:
+            if waiting[a] > 0:
+                waiting[a] -= 1
+                if waiting[a] == 0:
+                    done.append(owner[a])
+    return holds
 
 
 def _components(edges: list[list[int]]) -> list[list[int]]:

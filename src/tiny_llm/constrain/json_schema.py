@@ -85,7 +85,7 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
-from .automata import DFA, JSON_CONTROL, JSON_CONTROL_BODY, json_string, plain
+from .automata import DFA, JSON_CONTROL, JSON_CONTROL_BODY, json_string, plain, reaching
 from .escape import gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
@@ -1224,18 +1224,7 @@ class _ObjectShape:
             return i == n and got >= low and satisfied(mask)
 
         start = (0, 0, 0, 0, True)
-        states, order = {}, [start]
-        seen = {start}
-        while order:
-            state = order.pop()
-            states[state] = list(moves(state))
-            for _, nxt in states[state]:
-                if nxt not in seen:
-                    seen.add(nxt)
-                    order.append(nxt)
-                    if len(seen) > MAX_MEMBER_STATES:
-                        raise ValueError(f"json schema: the object at {self.path} needs more than "
-                                         f"{MAX_MEMBER_STATES} states to count its properties")
+        states = _explore(start, moves, f"the object at {self.path}", "properties")
         body = _state_rules(conv, f"{name}-members", start, states, final,
                             lambda state, kv: kv if state[4] else f'"," space {kv}')
         return None if body is None else _sequence('"{" space', _group(body), '"}" space')
@@ -1274,20 +1263,26 @@ def _state_rules(conv: _Converter, name: str, start, states: dict, final, write)
     return bodies[start] if start not in names else names[start]
 
 
+def _explore(start, moves, what: str, counted: str) -> dict:
+    """Every state reachable from `start`, with its moves (`moves(state)` yields (item,
+    next state) pairs); ValueError past MAX_MEMBER_STATES."""
+    states, order, seen = {}, [start], {start}
+    while order:
+        state = order.pop()
+        states[state] = list(moves(state))
+        for _, nxt in states[state]:
+            if nxt not in seen:
+                seen.add(nxt)
+                order.append(nxt)
+                if len(seen) > MAX_MEMBER_STATES:
+                    raise ValueError(f"json schema: {what} needs more than {MAX_MEMBER_STATES} states to count "
+                                     f"its {counted}")
+    return states
+
+
 def _live(states: dict, final) -> set:
     """The states from which a final state can be reached."""
-    back: dict = {}
-    for state, moves in states.items():
-        for _, nxt in moves:
-            back.setdefault(nxt, set()).add(state)
-    live = {s for s in states if final(s)}
-    todo = list(live)
-    while todo:
-        for prev in back.get(todo.pop(), ()):
-            if prev not in live:
-                live.add(prev)
-                todo.append(prev)
-    return live
+    return reaching({s: [nxt for _, nxt in moves] for s, moves in states.items()}, [s for s in states if final(s)])
 
 
 # ---- arrays -----------------------------------------------------------------------------------
@@ -1410,32 +1405,25 @@ class _ArrayShape:
             return out
 
         texts: dict[str, int] = {}
-        start = (0, (0,) * len(clauses), 0)
-        states, order, seen = {}, [start], {start}
-        while order:
-            state = order.pop()
+
+        def moves(state):
             i, counts, used = state
-            moves = []
-            if high is None or i < high:
-                for rule, adds, text in alternatives(min(i, positions)):
-                    bit = 0
-                    if text is not None:
-                        bit = 1 << texts.setdefault(text, len(texts))
-                        if used & bit:
-                            continue
-                    new_counts = tuple(min(c + a, cap) for c, a, cap in zip(counts, adds, caps))
-                    if any(c_high is not None and c > c_high for c, (_, _, c_high, _) in zip(new_counts, clauses)):
+            if high is not None and i >= high:
+                return
+            for rule, adds, text in alternatives(min(i, positions)):
+                bit = 0
+                if text is not None:
+                    bit = 1 << texts.setdefault(text, len(texts))
+                    if used & bit:
                         continue
-                    # Past every position that differs, one state (but past the first: a comma).
-                    nxt = (i + 1 if high is not None else min(i + 1, max(positions, 1)), new_counts, used | bit)
-                    moves.append((rule, nxt))
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        order.append(nxt)
-                        if len(seen) > MAX_MEMBER_STATES:
-                            raise ValueError(f"json schema: the array at {self.path} needs more than "
-                                             f"{MAX_MEMBER_STATES} states to count its items")
-            states[state] = moves
+                new_counts = tuple(min(c + a, cap) for c, a, cap in zip(counts, adds, caps))
+                if any(c_high is not None and c > c_high for c, (_, _, c_high, _) in zip(new_counts, clauses)):
+                    continue
+                # Past every position that differs, one state (but past the first: a comma).
+                yield rule, (i + 1 if high is not None else min(i + 1, max(positions, 1)), new_counts, used | bit)
+
+        start = (0, (0,) * len(clauses), 0)
+        states = _explore(start, moves, f"the array at {self.path}", "items")
 
         def final(state) -> bool:
             i, counts, _ = state
