@@ -9,6 +9,7 @@ whitespace, ...). A reason also has to be right: for such rows the validator mus
 import functools
 import json
 import re
+from fractions import Fraction
 
 import jsonschema
 import pytest
@@ -576,7 +577,7 @@ NOTHING = "no JSON value validates against the schema at #"
     ({"type": "array", "contains": {"type": "null"}, "uniqueItems": True}, "'uniqueItems' next to 'contains' at #"),
     ({"not": {"type": "array", "prefixItems": [{}]}}, "'not' at #/not holds 'prefixItems', whose complement"),
     ({"if": {"additionalProperties": False}, "then": {"minProperties": 1}},
-     "'not' at #/if holds 'additionalProperties', whose complement"),
+     "'if' at #/if holds 'additionalProperties', whose complement"),
     ({"type": "object", "dependencies": {"a": ["b"]}}, "'dependencies' at # is not supported: write"),
     ({"type": "array", "additionalItems": False}, "'additionalItems' at # is not supported"),
     ({"$ref": "https://example.com/s.json"}, "'$ref' at # is 'https://example.com/s.json', which is outside"),
@@ -700,3 +701,18 @@ def test_ref_cycles_that_never_end_are_named_in_schema_terms(schema, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Grammar.from_json_schema(schema)
     assert Grammar.from_json_schema({"type": "array", "items": {"$ref": "#"}}).accepts("[[],[[]]]")
+
+
+@pytest.mark.parametrize("schema, text, near", [
+    ({"type": "number", "exclusiveMinimum": 9007199254740992}, "9007199254740992.5", "9007199254740994"),
+    ({"type": "number", "exclusiveMaximum": -9007199254740992}, "-9007199254740992.5", "-9007199254740994"),
+    ({"type": "number", "exclusiveMinimum": 0.9}, "0.90000000000000001", "0.9000000000000001"),
+    ({"type": "integer", "minimum": 1e300}, "1" + "0" * 300, str(int(Fraction(1e300)))),
+])
+def test_bounds_hold_for_parsers_that_read_binary_doubles(schema, text, near):
+    """A text just past an exclusive bound can read back as the bound itself, and a float
+    bound beyond 2**53 is compared as its binary value: such texts are not written, although
+    their exact decimal value is in range; the nearest text that holds either way is."""
+    grammar = Grammar.from_json_schema(schema)
+    assert not schema_valid(schema, text) and not grammar.accepts(text)
+    assert schema_valid(schema, near) and grammar.accepts(near)

@@ -93,6 +93,7 @@ __all__ = ["json_schema_to_gbnf"]
 
 MAX_DIGITS = 16
 MAX_ALTERNATIVES = 256  # alternatives of one schema once its choices are multiplied out
+MAX_SUBSET_BRANCHES = 5  # an anyOf beside unevaluated* is written per set of matching branches up to this
 MAX_KEY_CLASSES = 64  # classes of extra keys (by the patterns they match)
 MAX_MEMBER_STATES = 5000  # states of the rules that write an object's or an array's members
 MAX_UNIQUE_VALUES = 8  # `uniqueItems` holds over items drawn from at most this many values
@@ -420,6 +421,13 @@ class _Converter:
                     alternative.append(item)
                 continue
             keyword, where, options, inner = item
+            if keyword == "anyOf" and 1 < len(options) <= MAX_SUBSET_BRANCHES and any(
+                    isinstance(p, Part) and isinstance(p.schema, dict) and p.annotating
+                    and ("unevaluatedProperties" in p.schema or "unevaluatedItems" in p.schema) for p in items):
+                # `unevaluated*` sees what every matching branch evaluated: one alternative per
+                # set of branches that match together.
+                options = [[p for i, option in enumerate(options) if subset >> i & 1 for p in option]
+                           for subset in range(1, 1 << len(options))]
             expanded = [self._expand(option, inner) for option in options]
             if keyword == "oneOf":
                 self._check_disjoint(expanded, where)
@@ -473,7 +481,7 @@ class _Converter:
                 choices.append((keyword, f"{path}/{keyword}", options, inner))
         if "if" in schema and ("then" in schema or "else" in schema):
             condition = part.child(schema["if"], f"{path}/if")
-            otherwise = part.child(self._negate(condition, frozenset()), f"{path}/if", annotating=False)
+            otherwise = part.child(self._negate(condition, frozenset(), "if"), f"{path}/if", annotating=False)
             options = [[condition, part.child(schema.get("then", True), f"{path}/then")],
                        [otherwise, part.child(schema.get("else", True), f"{path}/else")]]
             choices.append(("if", path, options, inner))
@@ -490,26 +498,27 @@ class _Converter:
 
     # ---- negation -----------------------------------------------------------------------
 
-    def _negate(self, part: Part, active: frozenset[int]) -> Any:
+    def _negate(self, part: Part, active: frozenset[int], via: str = "not") -> Any:
         """A schema for the values `part` rejects (made of `anyOf` and plain keywords), or
-        ValueError where the complement has no such form."""
+        ValueError (naming `via`, the keyword that needs the complement) where the complement
+        has no such form."""
         schema = part.schema
         if isinstance(schema, bool):
             return not schema
         _check_schema(schema, part.path)
         _check_keywords(schema, part.path)
         if id(schema) in active:
-            raise ValueError(f"json schema: 'not' at {part.path} leads back to itself through '$ref'")
+            raise ValueError(f"json schema: {via!r} at {part.path} leads back to itself through '$ref'")
         active = active | {id(schema)}
         path = part.path
         options: list[Any] = []  # the negation is the anyOf of these
         for keyword in ("$ref", "$dynamicRef"):
             if keyword in schema:
-                options.append(self._negate(self._target(part, keyword), active))
+                options.append(self._negate(self._target(part, keyword), active, via))
         for i, sub in enumerate(_schema_list(schema, "allOf", path)):
-            options.append(self._negate(part.child(sub, f"{path}/allOf/{i}"), active))
+            options.append(self._negate(part.child(sub, f"{path}/allOf/{i}"), active, via))
         if "anyOf" in schema:
-            negations = [self._negate(part.child(s, f"{path}/anyOf/{i}"), active)
+            negations = [self._negate(part.child(s, f"{path}/anyOf/{i}"), active, via)
                          for i, s in enumerate(_schema_list(schema, "anyOf", path))]
             options.append(self._make({"allOf": negations}))
         if "not" in schema:
@@ -518,7 +527,7 @@ class _Converter:
                         "propertyNames", "prefixItems", "unevaluatedProperties", "unevaluatedItems",
                         "uniqueItems"):
             if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False):
-                raise ValueError(f"json schema: 'not' at {path} holds {keyword!r}, whose complement a "
+                raise ValueError(f"json schema: {via!r} at {path} holds {keyword!r}, whose complement a "
                                  "grammar cannot write")
         options += self._negate_keywords(schema, part)
         options = [o for o in options if o is not False]
@@ -888,14 +897,14 @@ class _Facts:
         self.not_integer |= bool(schema.get(NOT_INTEGER))
         for key in ("minimum", "exclusiveMinimum"):
             if key in schema:
-                bound = (_fraction(_bound(schema, key, path)), key != "minimum")
-                if self.low is None or bound[0] > self.low[0] or bound[0] == self.low[0] and bound[1]:
-                    self.low = bound
+                for bound in _read_bound(_bound(schema, key, path), key != "minimum", up=True):
+                    if self.low is None or bound[0] > self.low[0] or bound[0] == self.low[0] and bound[1]:
+                        self.low = bound
         for key in ("maximum", "exclusiveMaximum"):
             if key in schema:
-                bound = (_fraction(_bound(schema, key, path)), key != "maximum")
-                if self.high is None or bound[0] < self.high[0] or bound[0] == self.high[0] and bound[1]:
-                    self.high = bound
+                for bound in _read_bound(_bound(schema, key, path), key != "maximum", up=False):
+                    if self.high is None or bound[0] < self.high[0] or bound[0] == self.high[0] and bound[1]:
+                        self.high = bound
         if "multipleOf" in schema:
             self.multiples.append(_step(schema, path))
         if NOT_MULTIPLE in schema:
@@ -1111,18 +1120,17 @@ class _ObjectShape:
         for leaf in self.leaves:
             s, p = leaf.schema, leaf.path
             properties = _schema_map(s, "properties", p)
-            if key in properties:
+            listed = key in properties
+            if listed:
                 parts.append(_at(leaf, properties[key], f"{p}/properties/{_pointer(key)}"))
+            # Every pattern the key matches applies too, listed or not.
+            matched = [(pattern, sub) for pattern, sub in _schema_map(s, "patternProperties", p).items()
+                       if conv.pattern_dfa(pattern, f"{p}/patternProperties").accepts(key)]
+            parts += [_at(leaf, sub, f"{p}/patternProperties/{_pointer(pattern)}") for pattern, sub in matched]
+            if not listed and not matched and "additionalProperties" in s:
+                parts.append(_at(leaf, s["additionalProperties"], f"{p}/additionalProperties"))
+            if listed or matched or "additionalProperties" in s:
                 evaluated.append(leaf)
-            else:
-                matched = [(pattern, sub) for pattern, sub in _schema_map(s, "patternProperties", p).items()
-                           if conv.pattern_dfa(pattern, f"{p}/patternProperties").accepts(key)]
-                parts += [_at(leaf, sub, f"{p}/patternProperties/{_pointer(pattern)}") for pattern, sub in matched]
-                if matched:
-                    evaluated.append(leaf)
-                elif "additionalProperties" in s:
-                    parts.append(_at(leaf, s["additionalProperties"], f"{p}/additionalProperties"))
-                    evaluated.append(leaf)
             if "propertyNames" in s and not conv.name_language(leaf).accepts(key):
                 return None
         parts += self._unevaluated(evaluated)
@@ -1599,6 +1607,26 @@ def _step(schema: dict, path: str) -> Fraction:
     if value <= 0:
         raise ValueError(f"json schema: 'multipleOf' at {path} must be greater than 0, got {value!r}")
     return _fraction(value)
+
+
+def _read_bound(value: int | float, exclusive: bool, up: bool) -> list[tuple[Fraction, bool]]:
+    """A lower (`up`) or upper bound as constraints on the exact decimal a text spells, such
+    that the text also passes where JSON parsers read numbers as binary doubles: its decimal
+    reading; for a float beyond 2**53 its binary value (integers are compared with it exactly);
+    and for an exclusive bound, the double next to it (a decimal just past the bound may read
+    as the bound itself) where decimals of at most MAX_DIGITS fraction digits lie between."""
+    bounds = [(_fraction(value), exclusive)]
+    if isinstance(value, float) and abs(value) >= 2**53:
+        bounds.append((Fraction(value), exclusive))
+    if exclusive:
+        nearest = math.nextafter(float(value), math.inf if up else -math.inf)
+        if math.isfinite(nearest):
+            grid = Fraction(1, 10**MAX_DIGITS)
+            between = (math.floor(Fraction(float(value)) / grid) + 1) * grid if up else \
+                (math.ceil(Fraction(float(value)) / grid) - 1) * grid
+            if between < Fraction(nearest) if up else between > Fraction(nearest):
+                bounds.append((Fraction(repr(nearest)), False))
+    return bounds
 
 
 def _fraction(value: Any) -> Fraction:
