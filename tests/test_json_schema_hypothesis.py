@@ -26,7 +26,7 @@ from test_json_schema_keywords import canonical_text, escape_all, is_valid, text
 RUNS = settings(derandomize=True, database=None, deadline=None, phases=[Phase.explicit, Phase.generate],
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
-COMPILED_AT_LEAST = 0.8  # the share of generated schemas that must compile
+COMPILED_AT_LEAST = 0.9  # the share of generated schemas that must compile (or contradict themselves)
 
 # ---- schemas from the supported keywords ----------------------------------------------------
 
@@ -340,12 +340,16 @@ def check_sound(grammar: Grammar, schema, text: str) -> None:
         assert text_is_valid(schema, text), f"accepted, but invalid under {json.dumps(schema)}: {text!r}"
 
 
-def compile_or_none(schema) -> Grammar | None:
+EMPTY = "no JSON value validates"  # random keywords that contradict: nothing to write, nothing refused
+
+
+def compile_or_none(schema) -> Grammar | bool:
+    """The grammar; True if no value validates (nothing to write); False if refused."""
     try:
         return Grammar.from_json_schema(schema)
     except ValueError as e:
         note(f"refused: {e}")
-        return None
+        return EMPTY in str(e)
 
 
 def run_soundness(strategy, examples: int) -> None:
@@ -357,8 +361,8 @@ def run_soundness(strategy, examples: int) -> None:
     def sound(schema, data, rnd):
         note(json.dumps(schema))
         grammar = compile_or_none(schema)
-        outcomes.append(grammar is not None)
-        if grammar is None:
+        outcomes.append(grammar is not False)
+        if isinstance(grammar, bool):
             return
         anchors = anchors_of(schema)
         for value in data.draw(st.lists(shaped(schema, anchors), min_size=3, max_size=6)):
