@@ -149,7 +149,7 @@ def _candidates(case: dict, rng: random.Random) -> set[Fraction]:
     out: set[Fraction] = set()
     for b in bounds + [F(0)]:
         middle = round(b * 1000)
-        out.update(F(k, 1000) for k in range(middle - 1000, middle + 1000))
+        out.update(F(k, 1000) for k in range(middle - 300, middle + 300))  # within 0.3
         for k in range(10):  # the bound rounded to k places and its neighbours
             near = round(b, k)
             out.update((near - F(1, 10**k), near, near + F(1, 10**k)))
