@@ -28,6 +28,7 @@ their spelling inside a JSON string (`"` as `\"`, controls as `\n` or `\u001f`, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -43,11 +44,12 @@ Edge = tuple[int, int, int]  # lo, hi (inclusive), target state
 class DFA:
     """A deterministic automaton over code points; state 0 is the start."""
 
-    __slots__ = ("edges", "accepting")
+    __slots__ = ("edges", "accepting", "minimal")
 
     def __init__(self, edges: Iterable[Iterable[Edge]], accepting: Iterable[int]):
         self.edges: list[tuple[Edge, ...]] = [tuple(e) for e in edges]
         self.accepting: frozenset[int] = frozenset(accepting)
+        self.minimal = False  # set by `minimized()`: minimizing again would change nothing
         if not self.edges:
             self.edges = [()]
 
@@ -95,11 +97,12 @@ class DFA:
         return cls(edges, range(low, top + 1))
 
     @classmethod
-    def from_regex(cls, pattern: str) -> DFA:
-        """The strings `re.fullmatch(pattern, s, re.ASCII)` matches (the syntax of `regex.py`)."""
+    def from_regex(cls, pattern: str, portable: bool = False) -> DFA:
+        """The strings `re.fullmatch(pattern, s, re.ASCII)` matches (the syntax of `regex.py`);
+        `portable`: with the class escapes both ECMA-262 and Python's Unicode `re` agree on."""
         from .regex import parse_regex
 
-        return _Nfa.of(parse_regex(pattern)).determinized().minimized()
+        return _Nfa.of(parse_regex(pattern, portable)).determinized().minimized()
 
     # ---- asking ------------------------------------------------------------------------
 
@@ -168,9 +171,13 @@ class DFA:
 
     def minimized(self) -> DFA:
         """The smallest automaton of the same language (states renumbered, start 0)."""
+        if self.minimal:
+            return self
         live = self._reachable() & self._coreachable()
         if 0 not in live:
-            return DFA.empty()
+            empty = DFA.empty()
+            empty.minimal = True
+            return empty
         block = _hopcroft(self, sorted(live))
         # Renumber so that the start's block is 0, others in order of first appearance.
         number: dict[int, int] = {block[0]: 0}
@@ -188,7 +195,9 @@ class DFA:
             s = representative[i]
             edges.append(_merge_edges((lo, hi, number[block[t]]) for lo, hi, t in self.edges[s] if t in live))
         accepting = {number[block[s]] for s in live if s in self.accepting}
-        return DFA(edges, accepting)
+        result = DFA(edges, accepting)
+        result.minimal = True
+        return result
 
     def _reachable(self) -> set[int]:
         seen, todo = {0}, [0]
@@ -251,6 +260,7 @@ def reaching(moves: Mapping[Any, Iterable[Any]], targets: Iterable[Any]) -> set:
 # ---- spelling -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def plain(ranges: tuple[tuple[int, int], ...]) -> list[str]:
     """The characters as themselves: one GBNF literal or class."""
     from .regex import format_chars
@@ -265,6 +275,7 @@ JSON_CONTROL_BODY = r'"\\" [bfnrt] | "\\u00" ( "0" [0-7] | "0" [bef] | "1" [0-9a
 _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
 
+@functools.lru_cache(maxsize=4096)
 def json_string(ranges: tuple[tuple[int, int], ...]) -> list[str]:
     """The characters as `json.dumps(..., ensure_ascii=False)` writes them inside a string:
     `"` and `\\` and the controls escaped, surrogates left out, everything else raw."""

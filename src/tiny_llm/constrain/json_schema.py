@@ -163,7 +163,6 @@ SCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf")
 
 # Keywords only a negation makes (tuples, so no schema text can spell them).
 NOT_PATTERN = ("not", "pattern")
-NOT_FORMAT = ("not", "format")
 NOT_MULTIPLE = ("not", "multipleOf")
 NOT_VALUES = ("not", "enum")
 NOT_INTEGER = ("not", "integer")
@@ -568,8 +567,8 @@ class _Converter:
                 out.append(make({"type": kind, low: _count(schema, high, path, None) + 1}))
         if "pattern" in schema:
             out.append(make({"type": "string", NOT_PATTERN: schema["pattern"]}))
-        if schema.get("format") in FORMATS:
-            out.append(make({"type": "string", NOT_FORMAT: schema["format"]}))
+        # `format` asserts nothing to a validator that reads it as an annotation (the default):
+        # its complement is empty, so a negated format adds no alternative.
         for key in _required(schema, path):
             out.append(make({"type": "object", "properties": {key: False}}))
         for key, sub in _schema_map(schema, "properties", path).items():
@@ -591,7 +590,7 @@ class _Converter:
                                  "maxContains": low - 1}))
             if high is not None:
                 out.append(make({"type": "array", "contains": schema["contains"], "minContains": high + 1}))
-        undo = {NOT_PATTERN: ("string", "pattern"), NOT_FORMAT: ("string", "format"),
+        undo = {NOT_PATTERN: ("string", "pattern"),
                 NOT_MULTIPLE: ("number", "multipleOf"), NOT_VALUES: (None, "enum"),
                 NOT_INTEGER: ("integer", None)}
         for key, value in schema.items():
@@ -744,9 +743,9 @@ class _Converter:
                 ends = _ends_with_anchor(branch)
                 body = branch[1 if starts else 0:len(branch) - 1 if ends else len(branch)]
                 try:
-                    middle = DFA.from_regex(body)
+                    middle = DFA.from_regex(body, portable=True)
                 except ValueError as e:
-                    raise ValueError(f"json schema: 'pattern' at {path}: {e}") from e
+                    raise ValueError(f"json schema: 'pattern' at {path}: {str(e).removeprefix('json schema: ')}") from e
                 if not starts:
                     middle = DFA.everything().concat(middle)
                 if not ends:
@@ -858,7 +857,6 @@ class _Facts:
         self.patterns: list[tuple[str, str]] = []  # (pattern, path)
         self.not_patterns: list[tuple[str, str]] = []
         self.formats: list[str] = []
-        self.not_formats: list[str] = []
         self.leaves: list[Part] = []
         self._strings: DFA | None = None
         self._numbers: Any = ...
@@ -884,7 +882,7 @@ class _Facts:
             self.integer |= integer
         else:
             implied = {k for k, keys in KIND_KEYWORDS.items() if any(_constrains(schema, key) for key in keys)}
-            implied |= {"string" for key in (NOT_PATTERN, NOT_FORMAT) if key in schema}
+            implied |= {"string" for key in (NOT_PATTERN,) if key in schema}
             implied |= {"number" for key in (NOT_MULTIPLE, NOT_INTEGER) if key in schema}
             if implied:
                 self.kinds &= implied
@@ -922,35 +920,33 @@ class _Facts:
             raise ValueError(f"json schema: 'format' at {path} must be a string")
         if schema.get("format") in FORMATS:
             self.formats.append(schema["format"])
-        if NOT_FORMAT in schema:
-            self.not_formats.append(schema[NOT_FORMAT])
 
     # -- strings --
 
-    def string_language(self, force: bool) -> DFA | None:
+    def string_language(self, force: bool, formats: bool = True) -> DFA | None:
         """The strings allowed, as an automaton; None (unless `force`) when only lengths
-        constrain them (those are written with any escapes)."""
-        if self._strings is not None:
+        constrain them (those are written with any escapes). `formats=False`: formats read as
+        annotations, as validators do by default (for telling `oneOf` branches apart)."""
+        if self._strings is not None and formats:
             return self._strings
         excluded = [v for v in self.excluded if isinstance(v, str)]
-        if not (force or self.patterns or self.not_patterns or self.formats or self.not_formats or excluded):
+        if not (force or self.patterns or self.not_patterns or self.formats or excluded):
             return None
         conv = self.conv
         language = DFA.everything()
         for pattern, path in self.patterns:
             language = language.intersect(conv.pattern_dfa(pattern, path))
-        for name in self.formats:
+        for name in self.formats if formats else ():
             language = language.intersect(conv.format_dfa(name))
         for pattern, path in self.not_patterns:
             language = language.difference(conv.pattern_dfa(pattern, path))
-        for name in self.not_formats:
-            language = language.difference(conv.format_dfa(name))
         if excluded:
             language = language.difference(DFA.of_strings(excluded))
         low, high = self.lengths
         if (low, high) != (0, None) and not language.is_empty():
             language = language.intersect(DFA.length(low, high))
-        self._strings = language
+        if formats:
+            self._strings = language
         return language
 
     # -- numbers --
@@ -1003,13 +999,13 @@ class _Facts:
                 mine = [v for v in (self.values if self.values is not None else other.values) if _kind_of(v) == kind]
                 theirs = other if self.values is not None else self
                 for value in mine:
-                    if theirs.admits(value):
+                    if theirs.admits(value, formats=False):
                         return f"the value {_compact(value, '')}"
                 continue
             if kind in ("null", "boolean"):
                 return f"{kind}s" if kind == "boolean" else "null"
             if kind == "string":
-                both = self.string_language(True).intersect(other.string_language(True))
+                both = self.string_language(True, formats=False).intersect(other.string_language(True, formats=False))
                 if not both.is_empty():
                     return "strings"
             elif kind == "number":
@@ -1022,15 +1018,16 @@ class _Facts:
                 return "arrays"
         return ""
 
-    def admits(self, value: Any) -> bool:
-        """Whether `value` may be valid here (exact for scalars; objects and arrays: maybe)."""
+    def admits(self, value: Any, formats: bool = True) -> bool:
+        """Whether `value` may be valid here (exact for scalars; objects and arrays: maybe);
+        `formats=False`: formats read as annotations."""
         kind = _kind_of(value)
         if kind not in self.kinds or any(_json_equal(value, v) for v in self.excluded):
             return False
         if self.values is not None and not any(_json_equal(value, v) for v in self.values):
             return False
         if kind == "string":
-            return self.string_language(True).accepts(value)
+            return self.string_language(True, formats).accepts(value)
         if kind == "number":
             if self.integer and not _integral(value):
                 return False
@@ -1104,8 +1101,8 @@ class _ObjectShape:
             pairs.append((key, kv, key in required))
         extra = self._extra_pair(set(named)) if open_ else None
         if low > sum(1 for _, kv, _ in pairs if kv):
-            raise ValueError(f"json schema: 'minProperties' at {path} asks for {low} properties, more than the "
-                             f"{len(pairs)} the schema names (a grammar cannot keep extra keys distinct)")
+            raise ValueError(f"json schema: 'minProperties' at {path} is {low}, more than the {len(pairs)} "
+                             "properties the schema names (a grammar cannot keep extra keys distinct)")
         return self._members(pairs, extra, low, high, needs)
 
     def _constrains_extras(self) -> bool:

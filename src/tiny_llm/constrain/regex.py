@@ -43,6 +43,7 @@ pattern (the cases where `re.compile` raises).
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass
 
@@ -89,6 +90,27 @@ CLASS_ESCAPES: dict[str, Ranges] = {
     "s": SPACE, "S": _complement(SPACE),
 }
 ANY_BUT_NEWLINE: Ranges = _complement(((0x0A, 0x0A),))
+
+
+# Class escapes and `.` that mean the same under ECMA-262 (JSON Schema's regexes) and Python's
+# Unicode `re` (what validators written in Python use): where the two differ, the characters
+# both agree on. `\d \w \s` are their ASCII sets (in both), `\D \W \S` leave out what either
+# counts as a digit, word character or space, and `.` leaves out every line terminator of
+# either (`\n \r` U+2028 U+2029).
+PORTABLE_DOT: Ranges = _complement(((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)))
+_ECMA_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
+               (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF)]
+
+
+@functools.cache
+def portable_escape(letter: str) -> Ranges:
+    """The portable meaning of the class escape `\<letter>` (see above)."""
+    if letter in "dws":
+        return CLASS_ESCAPES[letter]
+    test = {"D": str.isdecimal, "W": lambda ch: ch.isalnum() or ch == "_", "S": str.isspace}[letter]
+    points = [(cp, cp) for cp in range(MAX_CODE_POINT + 1) if test(chr(cp))]
+    points += list(CLASS_ESCAPES[letter.lower()]) + (_ECMA_SPACE if letter == "S" else [])
+    return _complement(_normalize(points))
 CHAR_ESCAPES = {"a": 0x07, "f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}
 HEX_DIGITS = "0123456789abcdefABCDEF"
 OCT_DIGITS = "01234567"
@@ -219,8 +241,9 @@ def _repeat(body: Node, lo: int, hi: int | None) -> Node:
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, portable: bool = False):
         self.pattern = pattern
+        self.portable = portable
         self.pos = 0
         self.group_names: set[str] = set()
         self.depth = 0  # groups open around the current position
@@ -316,7 +339,7 @@ class _Parser:
             return Chars(self.parse_escape(in_class=False))
         if c == ".":
             self.pos += 1
-            return Chars(ANY_BUT_NEWLINE)
+            return Chars(PORTABLE_DOT if self.portable else ANY_BUT_NEWLINE)
         if c == "^":
             raise self.error("'^' anchors are not supported except at the start of the pattern", start)
         if c == "$":
@@ -426,7 +449,7 @@ class _Parser:
             raise self.error("trailing backslash", start)
         self.pos += 2
         if c in CLASS_ESCAPES:
-            return CLASS_ESCAPES[c]
+            return portable_escape(c) if self.portable else CLASS_ESCAPES[c]
         if c in CHAR_ESCAPES or (c == "b" and in_class):
             cp = CHAR_ESCAPES.get(c, 0x08)
         elif c in "bB" and not in_class:
@@ -578,11 +601,13 @@ def regex_to_gbnf_expression(pattern: str) -> str:
     return _format(parse_regex(pattern))
 
 
-def parse_regex(pattern: str) -> Node:
-    """The simplified tree of `pattern` (for building automata, `automata.DFA.from_regex`)."""
+def parse_regex(pattern: str, portable: bool = False) -> Node:
+    """The simplified tree of `pattern` (for building automata, `automata.DFA.from_regex`);
+    `portable`: class escapes and `.` as `portable_escape` and `PORTABLE_DOT` have them (JSON
+    Schema's patterns)."""
     if not isinstance(pattern, str):
         raise ValueError(f"regex: pattern must be a str, got {type(pattern).__name__}")
-    return _Parser(pattern).parse()
+    return _Parser(pattern, portable).parse()
 
 
 def regex_to_gbnf(pattern: str) -> str:
