@@ -110,6 +110,7 @@ PROMPT = "Name a colour."
 GENERATE = ["generate", "--prompt", PROMPT, "--max-tokens", "3"]
 BATCH = ["batch", "--prompts", "examples/prompts.txt", "--max-tokens", "3"]
 MOE = "models/qwen3-moe"  # a random-weight Qwen3-MoE directory, written by SETUP
+AGENT_EVAL = ["agent", "eval", "examples/agent-tasks", "--scripted", "--runs", "1", "--seed", "0"]
 # What a student runs once a day is done (the starter README, the chapters): from that
 # day's stage on, the latest of these runs at every stage.
 DEMOS: dict[str, list[list[str]]] = {
@@ -125,6 +126,7 @@ DEMOS: dict[str, list[list[str]]] = {
     "week3-day3": [BATCH + ["--max-batch-size", "2", "--verbose"]],
     "week3-day4": [GENERATE + ["--model", MOE, "--verbose"]],
     "week3-day5": [["mlx.launch", "--backend", "ring", "-n", "2", "--", "tiny-llm", *GENERATE]],
+    "week4-day4": [AGENT_EVAL],
 }
 # Commands that prepare a day's DEMOS and NEEDS (they must succeed at any stage).
 SETUP: dict[str, list[list[str]]] = {
@@ -139,6 +141,7 @@ NEEDS: dict[str, list[str]] = {
     "week3-day1": GENERATE + ["--draft-model", "default"],  # every round drafts (prompt lookup may not)
     "week3-day3": BATCH + ["--prefix-cache-bytes", "1G"],
     "week3-day4": GENERATE + ["--model", MOE],
+    "week4-day4": AGENT_EVAL,
 }
 # Days whose absence the CLI works around by itself, with a note on standard error.
 FALLBACKS = ("week2-day2", "week2-day3", "week2-day6")

@@ -30,6 +30,13 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week3-day5": ("week3-day4", "week2-day3", "week2-day5", "week3-day3"),
     # Attention straight over pages (C++): inside the paged cache, the batch engine on pages.
     "week3-day6": ("week3-day2",),
+    # Week 4: a coding agent. The loop and the workspace stand alone (scripted models).
+    "week4-day1": ("week2-day2",),  # the engine behind the loop: cached generation
+    "week4-day2": (),
+    # Sessions resume the loop over a workspace; each step's prompt comes from the prefix cache.
+    "week4-day3": ("week4-day1", "week4-day2", "week3-day3"),
+    "week4-day4": ("week4-day1", "week4-day2"),  # evaluation runs the loop on task workspaces
+    "week4-day5": ("week4-day3", "week4-day4", "week3-day3"),  # forks share the prefix cache
 }
 DAYS = tuple(DEPENDS)
 
@@ -78,6 +85,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_requests.py": ("week2-day5",),
     "tests/test_serve.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_agents.py": ("week2-day5", "week3-day3"),
+    "tests/test_agent_cli.py": ("week4-day3", "week4-day4"),  # `tiny-llm agent run` and `eval`
     "tests/test_serve_engine.py": ("week2-day5",),
     "tests/test_serve_default.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_browser.py": ("week2-day5",),

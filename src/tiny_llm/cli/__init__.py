@@ -1,4 +1,4 @@
-"""Engine — the `tiny-llm` command line: `generate`, `chat`, `batch`, `serve` and `smoke`.
+"""Engine — the `tiny-llm` command line: `generate`, `chat`, `batch`, `serve`, `smoke` and `agent`.
 
 One module per command, each with `add_parser(commands)` and `run(args)`; `options` holds
 the option groups they share and `common` the rest. This module builds the parser and runs a
@@ -17,10 +17,10 @@ import mlx.core as mx
 
 from .. import distributed
 from ..progress import missing_day
-from . import batch, chat, generate, serve, smoke
+from . import agent, batch, chat, generate, serve, smoke
 from .common import UserError, missing_day_message
 
-COMMANDS = (generate, chat, batch, serve, smoke)
+COMMANDS = (generate, chat, batch, serve, smoke, agent)
 
 
 class _Parser(argparse.ArgumentParser):

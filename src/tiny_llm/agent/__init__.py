@@ -1,0 +1,9 @@
+"""Engine — week 4: a coding agent on tiny-llm.
+
+`core` holds the shared types; day 1 `actions` (a schema for every tool call, enforced while
+decoding) and `loop` (one action per step, a JSONL run log), day 2 `workspace` (tools behind
+a policy boundary, receipts), day 3 `session` (checkpoints, resume, compaction, steering),
+day 4 `evaluate` (tasks, held-out checks, reports), day 5 `fork` (branches on a shared
+prefix, select one); `models` puts the engine, an OpenAI-compatible endpoint or a script
+behind `core.Model`.
+"""

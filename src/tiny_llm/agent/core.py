@@ -1,0 +1,115 @@
+"""Engine — the agent's shared vocabulary: tools, actions, observations, receipts, limits and
+the events of a run log. Week 4's days build on these (`actions`, `loop`, `workspace`,
+`session`, `evaluate`, `fork`); nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["Action", "Event", "Limits", "Model", "Observation", "Proposal", "Receipt", "Tool", "Toolbox"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool the model may call: its name, what it does (shown to the model) and the JSON
+    schema of its arguments (an object schema)."""
+
+    name: str
+    description: str
+    parameters: dict
+
+
+@dataclass(frozen=True)
+class Action:
+    """One proposed step: a tool and its arguments (`finish` ends the run with `args["summary"]`)."""
+
+    tool: str
+    args: dict
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What an effect did, for the record: the tool and arguments, the SHA-256 of each touched
+    file before and after (None: absent), and a command's exit status."""
+
+    tool: str
+    args: dict
+    before: dict[str, str | None] = field(default_factory=dict)
+    after: dict[str, str | None] = field(default_factory=dict)
+    exit_status: int | None = None
+
+    def to_json(self) -> dict:
+        return {"tool": self.tool, "args": self.args, "before": self.before, "after": self.after,
+                "exit_status": self.exit_status}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Receipt:
+        return cls(data["tool"], data["args"], data.get("before", {}), data.get("after", {}),
+                   data.get("exit_status"))
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the model sees after an action: `ok` False for a refused or failed action (with
+    the reason in `text`), and the receipt of any effect."""
+
+    text: str
+    ok: bool = True
+    receipt: Receipt | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A run's budget: steps, tokens (prompt + completion, all steps) and wall seconds."""
+
+    steps: int = 20
+    tokens: int = 100_000
+    seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A model's answer to one step: the text it wrote (one JSON action) and its token counts
+    (`cached`: prompt tokens taken from the prefix cache, not prefilled again)."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Model(Protocol):
+    """What proposes the actions: the in-process engine, an OpenAI-compatible endpoint, or a
+    script. `schema` is the JSON schema every proposal must match (enforced while decoding
+    where the model can do that)."""
+
+    def propose(self, messages: list[dict], schema: dict, *, seed: int | None = None) -> Proposal: ...
+
+
+class Toolbox(Protocol):
+    """The tools an agent acts through (the workspace's, or a test's)."""
+
+    tools: tuple[Tool, ...]
+
+    def perform(self, action: Action) -> Observation: ...
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of a run log: `kind` is one of "start", "proposal", "intent", "observation",
+    "steer", "compaction", "limit", "error", "finish"; `step` the step it belongs to; `data`
+    the rest (JSON values only)."""
+
+    kind: str
+    step: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "step": self.step, **self.data}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Event:
+        rest = {k: v for k, v in data.items() if k not in ("kind", "step")}
+        return cls(data["kind"], data["step"], rest)
