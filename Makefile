@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test test-mlx-ops book bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
+.PHONY: setup demo test test-mlx-ops book plots screenshot-chat bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -85,8 +85,20 @@ BEFORE ?= HEAD
 bench-before-after: setup
 	$(PY) scripts/bench_before_after.py --before $(BEFORE) $(if $(QUICK),--quick,)
 
+# The book, with MathJax copied into the site from the dev extra's django-static-mathjax
+# (book/offline_math.py): its formulas render with no network.
 book: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f book/mkdocs.yml
+
+# The book's figures (book/docs/img/*.svg), redrawn from the benchmarks' JSON beside them
+# (book/docs/img/data/: a bench script's --json); tests/test_book.py checks they match.
+plots: setup
+	$(PY) scripts/plot_benchmarks.py
+
+# The README's picture of the chat page: tiny-llm serve and headless Chromium (Debian's
+# chromium and chromium-driver), one turn, a screenshot to book/docs/img/chat.png.
+screenshot-chat: setup
+	$(PY) scripts/screenshot_chat.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,9 +1,11 @@
 """What the benchmark scripts share: the machine they ran on, and writing their numbers."""
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -11,7 +13,9 @@ import mlx.core as mx
 
 
 def machine_info(**extra) -> dict:
-    """The platform, processor, core count, MLX device and versions, plus `extra`."""
+    """The platform, processor, core count, MLX device and versions, the date (UTC), the
+    command that ran and the load average (1, 5, 15 minutes: other processes on the machine)
+    when this is called, plus `extra` (scripts/plot_benchmarks.py captions figures with them)."""
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").is_file():
         names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -19,7 +23,9 @@ def machine_info(**extra) -> dict:
         cpu = names[0] if names else cpu
     return dict(platform=platform.platform(), machine=platform.machine(), processor=cpu,
                 cpu_count=os.cpu_count(), device=str(mx.default_device()), mlx=mx.__version__,
-                mlx_lm=metadata.version("mlx-lm"), **extra)
+                mlx_lm=metadata.version("mlx-lm"), python=platform.python_version(),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+                command=" ".join(["python", *sys.argv]), load_average=os.getloadavg(), **extra)
 
 
 def write_json(path: str | None, **data) -> None:

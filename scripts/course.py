@@ -69,6 +69,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_constrain_sampling.py": (),
     "tests/test_fuzz.py": (),
     "tests/test_layout.py": (),
+    "tests/test_book.py": (),  # the built book (offline formulas) and its figures
     "tests/test_cache_errors.py": (),
     # The kernels' argument checks, their MLX-op fallback and an install without a compiler.
     "tests/test_kernels.py": ("week1-day6",),

@@ -1,14 +1,17 @@
 // MathJax configuration for pymdownx.arithmatex (generic mode).
 //
-// The book builds offline. This file configures MathJax; mkdocs.yml loads MathJax itself
-// after it (from a CDN, so formulas render when the reader is online). Without it,
-// formulas stay readable as their TeX source, e.g. \(\operatorname{softmax}(x)_i\).
+// mkdocs.yml loads MathJax itself after this file, from the site (javascripts/mathjax/, put
+// there by book/offline_math.py), so formulas typeset with no network. Output is SVG: no web
+// fonts to fetch, which also works for a book opened straight from disk (file://).
 window.MathJax = {
   tex: {
     inline: [["\\(", "\\)"]],
     display: [["\\[", "\\]"]],
     processEscapes: true,
     processEnvironments: true,
+  },
+  svg: {
+    fontCache: "global",
   },
   options: {
     ignoreHtmlClass: ".*|",
@@ -22,7 +25,7 @@ if (typeof document$ !== "undefined") {
   document$.subscribe(() => {
     const mj = window.MathJax;
     if (mj && typeof mj.typesetPromise === "function") {
-      mj.startup.output.clearCache();
+      if (typeof mj.startup.output.clearCache === "function") mj.startup.output.clearCache();  // CHTML only
       mj.typesetClear();
       mj.texReset();
       mj.typesetPromise();
