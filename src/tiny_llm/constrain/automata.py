@@ -163,9 +163,6 @@ class DFA:
     def difference(self, other: DFA) -> DFA:
         return _product(self, other, lambda a, b: a and not b, keep_dead=True)
 
-    def complement(self) -> DFA:
-        return DFA.everything().difference(self)
-
     def concat(self, other: DFA) -> DFA:
         return _Nfa.of_dfas(self, other).determinized().minimized()
 

@@ -155,6 +155,8 @@ UNSUPPORTED = {
     "additionalItems": "write 'items' after 'prefixItems' (draft 2020-12)",
     "$recursiveRef": "write '$dynamicRef' (draft 2020-12)",
 }
+# The keywords that say what keys an object may have beyond those it names.
+EXTRA_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
 # The keywords whose value is an object of schemas, by name.
 SCHEMA_MAPS = ("$defs", "definitions", "properties", "patternProperties", "dependentSchemas")
 SINGLE_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
@@ -207,11 +209,10 @@ class Part:
     annotating: bool = True
     owners: frozenset[int] = frozenset()
 
-    def child(self, schema: Any, path: str, *, annotating: bool | None = None, base: str | None = None,
-              same_place: bool = True) -> Part:
-        owners = self.owners | {id(self.schema)} if same_place else frozenset()
-        return Part(schema, self.base if base is None else base, path, self.scope,
-                    self.annotating if annotating is None else annotating, owners)
+    def child(self, schema: Any, path: str, *, annotating: bool | None = None) -> Part:
+        """A subschema of this one at the same place of the instance (`allOf`, a branch)."""
+        return Part(schema, self.base, path, self.scope, self.annotating if annotating is None else annotating,
+                    self.owners | {id(self.schema)})
 
 
 Alternative = list[Part]
@@ -699,13 +700,13 @@ class _Converter:
     # ---- objects --------------------------------------------------------------------------
 
     def _object(self, facts: _Facts, name: str, path: str) -> str | None:
-        shape = _ObjectShape(self, facts.objects, name, path)
+        shape = _ObjectShape(self, facts.leaves, name, path)
         return shape.expression()
 
     # ---- arrays ---------------------------------------------------------------------------
 
     def _array(self, facts: _Facts, name: str, path: str) -> str | None:
-        shape = _ArrayShape(self, facts.arrays, name, path)
+        shape = _ArrayShape(self, facts.leaves, name, path)
         return shape.expression()
 
     # ---- oneOf ----------------------------------------------------------------------------
@@ -976,14 +977,6 @@ class _Facts:
 
     # -- objects and arrays --
 
-    @property
-    def objects(self) -> list[Part]:
-        return self.leaves
-
-    @property
-    def arrays(self) -> list[Part]:
-        return self.leaves
-
     def has_structure(self, kind: str) -> bool:
         keys = OBJECT_KEYWORDS if kind == "object" else ARRAY_KEYWORDS
         return any(k in leaf.schema for leaf in self.leaves for k in keys)
@@ -1084,10 +1077,10 @@ class _ObjectShape:
             high = top if high is None else high if top is None else min(high, top)
         if high is not None and low > high:
             return None
-        open_ = not any("properties" in leaf.schema and id(leaf.schema) not in conv.made for leaf in leaves) or any(
-            k in leaf.schema for leaf in leaves
-            for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"))
-        if not named and open_ and low == 0 and high is None and not self._constrains_extras():
+        extras_said = any(k in leaf.schema for leaf in leaves for k in EXTRA_KEYWORDS)
+        open_ = extras_said or not any("properties" in leaf.schema and id(leaf.schema) not in conv.made
+                                       for leaf in leaves)
+        if not named and open_ and low == 0 and high is None and not extras_said:
             return conv._primitive("object")
         pairs = []  # (key, kv rule or None, required)
         for key in named:
@@ -1104,10 +1097,6 @@ class _ObjectShape:
             raise ValueError(f"json schema: 'minProperties' at {path} is {low}, more than the {len(pairs)} "
                              "properties the schema names (a grammar cannot keep extra keys distinct)")
         return self._members(pairs, extra, low, high, needs)
-
-    def _constrains_extras(self) -> bool:
-        return any(k in leaf.schema for leaf in self.leaves
-                   for k in ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"))
 
     def _named_value(self, key: str) -> str | None:
         """The rule for the value of `key`, or None if the key cannot appear."""
