@@ -90,6 +90,10 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_serve_engine.py": ("week2-day5",),
     "tests/test_serve_default.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_browser.py": ("week2-day5",),
+    # The server under faults, load and fuzzing: failures on purpose, the drain, the soak.
+    "tests/test_serve_faults.py": ("week2-day5", "week3-day3"),
+    "tests/test_serve_soak.py": ("week2-day5", "week3-day3"),
+    "tests/test_serve_fuzz.py": ("week2-day5", "week3-day3"),
 }
 
 MARKER_WORD = "SOLUTION"  # a line that holds it must be one of the two markers

@@ -49,12 +49,18 @@ class LiveServer:
     url: str
     process: subprocess.Popen
     log: Path
+    final_log: str | None = None  # the log's text once the server has stopped
+
+    @property
+    def log_text(self) -> str:
+        """What the server printed (stdout and stderr), so far or in all."""
+        return self.final_log if self.final_log is not None else self.log.read_text(errors="replace")
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=60, **kw)
+        return httpx.get(self.url + path, **{"timeout": 60, **kw})
 
     def post(self, path: str, body=None, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, timeout=300, **kw)
+        return httpx.post(self.url + path, json=body, **{"timeout": 300, **kw})
 
     def metric(self, name: str) -> float:
         """The value of one sample line of /metrics (`name` with its labels, if any)."""
@@ -65,14 +71,16 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def running_server(*args: str, model: str = "default"):
-    """`tiny-llm serve --model MODEL ARGS` on a free port of 127.0.0.1; yields a `LiveServer`
-    once /health answers, and stops it (SIGINT, then SIGKILL) afterwards."""
+def running_server(*args: str, model: str = "default", env: dict[str, str] | None = None):
+    """`tiny-llm serve --model MODEL ARGS` on a free port of 127.0.0.1 (with `env` added to the
+    environment); yields a `LiveServer` once /health answers, and stops it (SIGINT, then
+    SIGKILL) afterwards."""
     port = free_port()
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"tiny-llm-serve-{port}.log"
     command = [sys.executable, "-m", "tiny_llm", "serve", "--model", model, "--port", str(port), *args]
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, **(env or {})})
     server = LiveServer(f"http://127.0.0.1:{port}", process, log)
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -96,4 +104,5 @@ def running_server(*args: str, model: str = "default"):
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(5)
+        server.final_log = server.log_text
         log.unlink(missing_ok=True)

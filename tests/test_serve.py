@@ -70,7 +70,11 @@ def alone(local, prompt: list[int], max_tokens: int, params: SamplingParams):
 def test_models_health_tokenize_and_detokenize(tiny, client, default_tokenizer):
     assert [m.id for m in client.models.list().data] == [NAME]
     assert client.models.retrieve(NAME).id == NAME
-    assert tiny.get("/health").json() == {"status": "ok"}
+    health = tiny.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["engine"] == {"alive": True, "step_seconds": 0.0, "failures": 0, "running": 0, "queued": 0}
+    assert health.headers["X-Request-Id"].startswith("req-")
+    assert tiny.get("/health", headers={"X-Request-Id": "lb-7.probe"}).headers["X-Request-Id"] == "lb-7.probe"
     ids = default_tokenizer.encode("Hello world, again")
     assert tiny.post("/tokenize", {"prompt": "Hello world, again"}).json()["tokens"] == ids
     expected = default_tokenizer.encode(default_tokenizer.apply_chat_template(chat("Hi")))

@@ -20,6 +20,13 @@ MAX_BATCH_SIZE = 8  # requests that decode together in a BatchGenerator
 TEMPERATURE = 0.0
 
 MAX_QUEUE = 64  # requests `tiny-llm serve` keeps waiting for a row before it answers 503
+# The server's limits (tiny-llm serve): seconds a client may take none of a stream's data,
+# open connections, seconds one engine step may take before /health calls the engine
+# stuck, and seconds SIGTERM gives the requests in progress.
+WRITE_TIMEOUT = 30.0
+MAX_CONNECTIONS = 512
+ENGINE_DEADLINE = 60.0
+SHUTDOWN_TIMEOUT = 30.0
 
 # Positions per page of the paged KV cache (week 3 day 2): vLLM's default block size.
 PAGE_SIZE = 16

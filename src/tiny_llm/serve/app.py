@@ -8,9 +8,11 @@ Server-Sent Events with `stream: true`.
 import asyncio
 import hmac
 import json
+import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -22,21 +24,40 @@ from starlette.routing import Route
 
 from ..batch import TokenLogprobs
 from ..constrain.tokens import token_bytes
-from .engine import Engine, Event, Handle, QueueFull
+from .engine import Engine, EngineStopped, Event, Handle, QueueFull
+from .guard import Exchange, Guard, Limits
 from .protocol import Context, Job, RequestError, encode, parse
-
-MAX_BODY_BYTES = 4 << 20
 
 
 class Server:
-    """The served model, its engine thread and the settings the handlers need."""
+    """The served model, its engine thread, the settings the handlers need, and the state
+    of the HTTP side: requests in progress, whether it drains, its open connections."""
 
-    def __init__(self, engine: Engine, ctx: Context, *, api_key: str | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, engine: Engine, ctx: Context, *, api_key: str | None = None, limits: Limits | None = None,
+                 access_log: bool = False):
         self.engine, self.ctx, self.metrics = engine, ctx, engine.metrics
-        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.api_key, self.limits, self.access_log = api_key, limits or Limits(), access_log
+        self.max_body_bytes = self.limits.max_body_bytes
         self.created = int(time.time())
         self.token_bytes = token_bytes(ctx.tokenizer)
+        self.open_requests = 0
+        self.draining = False  # SIGTERM: new requests get 503 while those in progress finish
+        self.connections: Callable[[], int] = lambda: 0  # open connections (uvicorn's, set by the CLI)
+        self.metrics.open_connections.set_function(lambda: self.connections())
+
+    def health(self) -> tuple[int, dict]:
+        """/health's status and body: 503 while draining, once the engine thread has ended,
+        or while one step has taken longer than the engine deadline."""
+        engine = self.engine.health()
+        if self.draining:
+            status = "draining"
+        elif not engine["alive"]:
+            status = "dead"
+        elif engine["step_seconds"] > self.limits.engine_deadline:
+            status = "stuck"
+        else:
+            status = "ok"
+        return (200 if status == "ok" else 503), {"status": status, "engine": engine}
 
     # ---- shapes ----------------------------------------------------------------------------
 
@@ -70,8 +91,15 @@ class Server:
         return out
 
 
-def error_response(error: RequestError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error.to_openai(), status_code=error.status, headers=headers)
+def error_response(error: RequestError) -> JSONResponse:
+    """OpenAI's error shape; a 503 (busy, shutting down) says when to retry."""
+    return JSONResponse(error.to_openai(), status_code=error.status,
+                        headers={"Retry-After": "1"} if error.status == 503 else None)
+
+
+def timed_out(limits: Limits) -> RequestError:
+    return RequestError(f"the request took longer than this server's limit of {limits.request_timeout:g} s "
+                        f"(--request-timeout)", status=408, type="timeout_error", code="request_timeout")
 
 
 def create_app(server: Server) -> Starlette:
@@ -92,8 +120,10 @@ def create_app(server: Server) -> Starlette:
                     _check_key(request, server.api_key)
                 response = await handler(request)
             except RequestError as e:
-                response = error_response(e, {"Retry-After": "1"} if e.status == 503 else None)
+                response = error_response(e)
             except Exception as e:  # a bug of ours: the client still gets OpenAI's error shape
+                print(f"tiny-llm: error: id={request.scope['tiny_llm'].id} {request.method} {request.url.path}: "
+                      f"internal error", file=sys.stderr, flush=True)
                 traceback.print_exc()
                 response = error_response(RequestError(f"internal error: {type(e).__name__}: {e}", status=500,
                                                        type="server_error"))
@@ -106,7 +136,8 @@ def create_app(server: Server) -> Starlette:
         return HTMLResponse(resources.files("tiny_llm.serve").joinpath("static/chat.html").read_text())
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        status, body = server.health()
+        return JSONResponse(body, status_code=status)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(server)]})
@@ -167,7 +198,8 @@ def create_app(server: Server) -> Starlette:
         message = "method not allowed" if status == 405 else f"no such endpoint: {request.url.path}"
         return error_response(RequestError(message, status=status, code="not_found" if status == 404 else None))
 
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    return Guard(app, server)
 
 
 def _model_card(server: Server) -> dict:
@@ -204,22 +236,35 @@ async def _json_body(request: Request, limit: int):
         raise RequestError("the request body is nested too deeply") from None
 
 
+def _remaining(exchange: Exchange) -> float | None:
+    return None if exchange.deadline is None else max(0.0, exchange.deadline - time.monotonic())
+
+
 async def _generate(server: Server, request: Request, kind: str) -> Response:
+    exchange: Exchange = request.scope["tiny_llm"]
     body = await _json_body(request, server.max_body_bytes)
     job = await run_in_threadpool(parse, body, kind, server.ctx)
+    exchange.prompt_tokens = len(job.prompt)
     try:
-        handle = server.engine.submit(job, asyncio.get_running_loop())
+        handle = server.engine.submit(job, asyncio.get_running_loop(), exchange.id)
     except QueueFull as e:
         raise RequestError(f"the server is busy: {e}; retry later", status=503, type="server_error",
                            code="queue_full") from None
+    except EngineStopped as e:
+        raise RequestError(str(e), status=503, type="server_error", code="engine_stopped") from None
+    exchange.cancel = lambda: server.engine.cancel(handle)
     try:
-        first = await handle.queue.get()
+        first = await asyncio.wait_for(handle.queue.get(), _remaining(exchange))
+    except asyncio.TimeoutError:
+        server.engine.cancel(handle)
+        server.metrics.timed_out.inc()
+        raise timed_out(server.limits) from None
     except asyncio.CancelledError:
         server.engine.cancel(handle)
         raise
     if isinstance(first, RequestError):
         raise first
-    reply = Reply(server, job, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}")
+    reply = Reply(server, job, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", exchange)
     if job.stream:
         return StreamingResponse(_stream(server, handle, reply), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -227,11 +272,14 @@ async def _generate(server: Server, request: Request, kind: str) -> Response:
     try:
         while not reply.done:
             event = asyncio.ensure_future(handle.queue.get())
-            await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not event.done():  # the client went away: its rows leave the batch
+            await asyncio.wait({event, gone}, timeout=_remaining(exchange), return_when=asyncio.FIRST_COMPLETED)
+            if not event.done():  # the client went away, or the time is up: its rows leave the batch
                 event.cancel()
                 server.engine.cancel(handle)
-                return Response(status_code=499)
+                if gone.done():
+                    return Response(status_code=499)
+                server.metrics.timed_out.inc()
+                raise timed_out(server.limits)
             reply.add(event.result())
     except asyncio.CancelledError:
         server.engine.cancel(handle)
@@ -256,7 +304,15 @@ async def _stream(server: Server, handle: Handle, reply: "Reply"):
         for chunk in reply.opening():
             yield _sse(chunk)
         while not reply.done:
-            event = await handle.queue.get()
+            try:
+                event = await asyncio.wait_for(handle.queue.get(), _remaining(reply.exchange))
+            except asyncio.TimeoutError:
+                server.engine.cancel(handle)
+                server.metrics.timed_out.inc()
+                reply.error = "timed out"  # done: the job has left the engine
+                yield _sse(timed_out(server.limits).to_openai())
+                yield "data: [DONE]\n\n"
+                return
             for chunk in reply.add(event):
                 yield _sse(chunk)
         if reply.error:
@@ -281,8 +337,8 @@ class Reply:
     deprecated shape: `function_call` (one call, the first the reply holds) and
     `finish_reason: "function_call"`, no `tool_calls`."""
 
-    def __init__(self, server: Server, job: Job, id: str):
-        self.server, self.job, self.id = server, job, id
+    def __init__(self, server: Server, job: Job, id: str, exchange: Exchange):
+        self.server, self.job, self.id, self.exchange = server, job, id, exchange
         self.created = int(time.time())
         n = len(job.params)
         self.texts, self.calls = [""] * n, [[] for _ in range(n)]
@@ -319,9 +375,12 @@ class Reply:
         if event.finish_reason == "error":
             self.error, self.error_status = event.error, event.status
             return []
+        if self.exchange.first_token is None:
+            self.exchange.first_token = time.monotonic() - self.exchange.started
         offset = len(self.texts[i])
         self.texts[i] += event.text
         self.tokens[i] = max(self.tokens[i], event.tokens)
+        self.exchange.completion_tokens = sum(self.tokens)
         self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
         self.finish[i] = event.finish_reason
         first_call = len(self.calls[i])

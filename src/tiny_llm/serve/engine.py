@@ -13,6 +13,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -23,6 +24,7 @@ from ..defaults import BatchSettings
 from ..distributed import lost_peer
 from ..model import Model
 from ..tokenizer import Tokenizer
+from .faults import Faults
 from .metrics import Metrics
 from .protocol import Job, RequestError
 from .lockstep import HEARTBEAT, Leader
@@ -31,6 +33,10 @@ from .text import StopStrings, ToolCall, ToolCallText
 
 class QueueFull(Exception):
     """More jobs are waiting for a batch row than the server queues."""
+
+
+class EngineStopped(Exception):
+    """The engine thread has ended (the server is shutting down, or the thread died)."""
 
 
 @dataclass
@@ -55,8 +61,8 @@ class Handle:
     """One job's link from the engine thread to its handler: a queue on the handler's event
     loop. Its first item is "accepted" or a `RequestError`; then `Event`s."""
 
-    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
-        self.job, self.loop = job, loop
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop, request_id: str = "-"):
+        self.job, self.loop, self.request_id = job, loop, request_id
         self.queue: asyncio.Queue = asyncio.Queue()
         self.submitted = time.perf_counter()
         self.uids: list[int] = []
@@ -84,13 +90,19 @@ class Engine:
     may be called from any thread."""
 
     def __init__(self, model: Model, tokenizer: Tokenizer, settings: BatchSettings, *, max_queue: int,
-                 metrics: Metrics, group: mx.distributed.Group | None = None):
+                 metrics: Metrics, group: mx.distributed.Group | None = None, faults: Faults | None = None):
         self.model, self.tokenizer, self.metrics = model, tokenizer, metrics
         self.group = group  # ranks that run every operation with this one (tensor parallelism)
         self.settings, self.max_queue = settings, max_queue
+        self.faults = faults or Faults()
         self.gen = self._generator()
         self.table = TokenTable.from_tokenizer(tokenizer)  # built once, before any grammar needs it
         self.queued = 0  # jobs waiting for a batch row (submitted, not yet in the batch)
+        self.steps = 0  # model steps run
+        self.failures = 0  # steps that failed as a whole (the batch was rebuilt)
+        self.step_started: float | None = None  # time.monotonic() when the step in progress began
+        self.stopped: str | None = None  # why the engine thread ended (no job is taken after it)
+        self._gauges_at = 0.0
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -117,17 +129,28 @@ class Engine:
         self.close()
         self._thread.join(timeout)
 
-    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Handle:
-        """Queue `job`; raises `QueueFull` when `max_queue` jobs already wait."""
-        with self._lock:
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop, request_id: str = "-") -> Handle:
+        """Queue `job`; raises `QueueFull` when `max_queue` jobs already wait, `EngineStopped`
+        once the engine thread has ended."""
+        handle = Handle(job, loop, request_id)
+        with self._lock:  # the thread's end takes this lock too: no job is left behind it
+            if self.stopped is not None:
+                raise EngineStopped(self.stopped)
             if self.queued >= self.max_queue:
                 raise QueueFull(f"{self.queued} requests are waiting, the most this server queues "
                                 f"(--max-queue {self.max_queue})")
             self.queued += 1
+            self._command("submit", handle)
         self.metrics.queue.set(self.queued)
-        handle = Handle(job, loop)
-        self._command("submit", handle)
         return handle
+
+    def health(self) -> dict:
+        """What `/health` reports: whether the thread runs, how long the step in progress has
+        taken, whole-step failures, rows running and jobs waiting."""
+        started = self.step_started
+        return {"alive": self._thread.is_alive() and self.stopped is None,
+                "step_seconds": round(time.monotonic() - started, 3) if started is not None else 0.0,
+                "failures": self.failures, "running": len(self.gen.running), "queued": self.queued}
 
     def cancel(self, handle: Handle) -> None:
         """Take the job out of the queue or the batch (its client went away)."""
@@ -140,18 +163,27 @@ class Engine:
     # ---- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        reason, status = "the server is shutting down", 503
         try:
             self._loop()
             if self.group is not None:
                 self.gen.stop()  # the other ranks end with this one
-        except RuntimeError as e:
-            if not lost_peer(e):
-                raise
-            # Without the other ranks no forward pass can run: the server ends.
-            print(f"tiny-llm: error: rank 0: the connection to another rank was lost (it exited or was "
-                  f"killed): {e}", file=sys.stderr, flush=True)
-            os._exit(1)
-        finally:  # MLX asks each thread to release its streams before it ends
+        except BaseException as e:
+            if isinstance(e, RuntimeError) and lost_peer(e):
+                # Without the other ranks no forward pass can run: the server ends.
+                print(f"tiny-llm: error: rank 0: the connection to another rank was lost (it exited or was "
+                      f"killed): {e}", file=sys.stderr, flush=True)
+                os._exit(1)
+            # A bug of ours outside any one job: every job ends with an error, and /health
+            # fails from now on (a supervisor restarts the server).
+            reason, status = f"the engine stopped: {type(e).__name__}: {e}", 503
+            print(f"tiny-llm: error: {reason}", file=sys.stderr, flush=True)
+            traceback.print_exc()
+        finally:
+            with self._lock:
+                self.stopped = reason
+            self._fail_all(reason, status)
+            # MLX asks each thread to release its streams before it ends
             mx.synchronize()
             mx.clear_streams()
 
@@ -163,24 +195,28 @@ class Engine:
                 except queue.Empty:
                     break
                 if name == "stop":
-                    self._fail_all("the server is shutting down", status=503)
                     return
                 try:
                     (self._insert if name == "submit" else self._cancel)(handle)
                 except Exception as e:  # a bug of ours: this job fails, the others go on
-                    self._fail(handle, f"internal error: {type(e).__name__}: {e}")
+                    self._fail(handle, f"internal error: {type(e).__name__}: {e}", log=True)
             if not self.gen.has_work():
+                self._gauges(force=True)
                 if not self._wake.wait(HEARTBEAT if self.group is not None else None):
                     self.gen.ping()  # idle: a rank that died is noticed all the same
                 self._wake.clear()
                 continue
             prefilled, cached = self.gen.stats.prompt_tokens, self.gen.stats.cached_tokens
+            self.steps += 1
+            self.step_started = time.monotonic()
             try:
+                self.faults.before_step(self.steps)
                 responses = self.gen.step()
             except Exception as e:  # the model failed: every job in the batch fails with it
-                self._fail_all(f"the model failed: {type(e).__name__}: {e}")
-                self.gen = self._generator()
+                self._recover(f"the model failed: {type(e).__name__}: {e}")
                 continue
+            finally:
+                self.step_started = None
             self.metrics.prefill_tokens.inc(self.gen.stats.prompt_tokens - prefilled)
             self.metrics.cached_tokens.inc(self.gen.stats.cached_tokens - cached)
             self._admitted()
@@ -191,8 +227,38 @@ class Engine:
                 except Exception as e:  # a bug of ours: this job fails, the others go on
                     choice = self._choices.get(response.uid)
                     if choice is not None:
-                        self._fail(choice.handle, f"internal error: {type(e).__name__}: {e}")
+                        self._fail(choice.handle, f"internal error: {type(e).__name__}: {e}", log=True)
             self.metrics.running.set(len(self.gen.running))
+            self._gauges()
+
+    def _recover(self, message: str) -> None:
+        """After a whole step failed: its jobs end with `message`, and a new batch (and
+        prefix cache) takes the old one's place; jobs not yet inserted wait for it."""
+        print(f"tiny-llm: error: {message}; the jobs in the batch fail, the engine goes on with a new batch",
+              file=sys.stderr, flush=True)
+        self.gen = self._generator()  # first: the failed jobs' rows need not leave the old batch
+        for handle in {id(c.handle): c.handle for c in self._choices.values()}.values():
+            self._fail(handle, message)
+        for handle in list(self._queued):
+            self._fail(handle, message)
+        self.failures += 1
+        self.metrics.engine_failures.inc()
+        self.metrics.running.set(0)
+        self._gauges(force=True)
+
+    def _gauges(self, force: bool = False) -> None:
+        """The page pool's and the prefix cache's gauges (at most four times a second)."""
+        now = time.monotonic()
+        if not force and now - self._gauges_at < 0.25:
+            return
+        self._gauges_at = now
+        gen = getattr(self.gen, "gen", self.gen)  # a lockstep Leader wraps the BatchGenerator
+        pool, cache = gen.pool, gen.prefix_cache
+        self.metrics.pages_in_use.set(pool.pages_in_use if pool is not None else 0)
+        self.metrics.pages_capacity.set(pool.capacity if pool is not None else 0)
+        self.metrics.prefix_pages.set(cache.pages if cache is not None else 0)
+        self.metrics.prefix_idle_bytes.set(cache.idle_bytes if cache is not None else 0)
+        self.metrics.prefix_budget_bytes.set(cache.max_bytes if cache is not None else 0)
 
     def _insert(self, handle: Handle) -> None:
         job = handle.job
@@ -235,18 +301,25 @@ class Engine:
                 self.queued -= 1
             self.metrics.queue.set(self.queued)
 
-    def _fail(self, handle: Handle, message: str, status: int = 500) -> None:
-        """End one job with an error: all its rows leave the batch."""
+    def _fail(self, handle: Handle, message: str, status: int = 500, log: bool = False, rows: bool = True) -> None:
+        """End one job with an error: all its rows leave the batch (`rows=False`: the batch
+        is not touched, it is gone with the engine thread)."""
+        if log:
+            print(f"tiny-llm: error: id={handle.request_id} {message}", file=sys.stderr, flush=True)
         for uid in handle.uids:
-            if self._choices.pop(uid, None) is not None:
+            if self._choices.pop(uid, None) is not None and rows:
                 self.gen.cancel(uid)
         self._leave_queue(handle)
         handle.put(Event(0, finish_reason="error", error=message, status=status) if handle.uids
                    else RequestError(message, status=status, type="server_error"))
 
-    def _fail_all(self, message: str, status: int = 500) -> None:
+    def _fail_all(self, message: str, status: int) -> None:
+        """Every job ends with an error as the engine thread ends: those in the batch, those
+        inserted and waiting for a row, and those submitted but not yet inserted."""
         for handle in {id(c.handle): c.handle for c in self._choices.values()}.values():
-            self._fail(handle, message, status)
+            self._fail(handle, message, status, rows=False)
+        for handle in list(self._queued):
+            self._fail(handle, message, status, rows=False)
         while True:  # jobs submitted but not yet inserted
             try:
                 name, handle = self._commands.get_nowait()
