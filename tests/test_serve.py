@@ -288,7 +288,8 @@ def test_errors_come_in_openais_shape(tiny, client):
 
 def test_a_request_that_fails_while_decoding_fails_alone(tiny, client, default_tokenizer):
     """A grammar whose only character is banned by logit_bias cannot draw a token: that
-    request (both its choices) ends with a 500, the streams beside it go on unchanged."""
+    request (both its choices) ends with a 400 (the request's own doing), the streams beside
+    it go on unchanged."""
     banned = default_tokenizer.encode("x")[0]
     doomed = {"prompt": "a", "max_tokens": 5, "regex": "x", "logit_bias": {str(banned): -100}, "n": 2}
     kw = [dict(model=NAME, prompt=f"Story number {i}:", max_tokens=40, temperature=1.0, seed=i, logit_bias=EOS)
@@ -302,7 +303,7 @@ def test_a_request_that_fails_while_decoding_fails_alone(tiny, client, default_t
         time.sleep(0.2)  # the streams are running
         failed = tiny.post("/v1/completions", doomed)
         texts = [f.result(timeout=120) for f in streams]
-    assert "the grammar allows has logit -inf" in error_of(failed, 500)["message"]
+    assert "the grammar allows has logit -inf" in error_of(failed, 400)["message"]
     assert texts == [client.completions.create(**k).choices[0].text for k in kw]
     assert tiny.metric("tiny_llm_running_rows") == 0
 

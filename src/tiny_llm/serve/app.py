@@ -18,14 +18,14 @@ from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..batch import TokenLogprobs
-from ..constrain.tokens import token_bytes
 from .engine import Engine, EngineStopped, Event, Handle, QueueFull
 from .guard import Exchange, Guard, Limits
+from .openapi import describe
 from .protocol import Context, Job, RequestError, encode, parse
 
 
@@ -39,7 +39,7 @@ class Server:
         self.api_key, self.limits, self.access_log = api_key, limits or Limits(), access_log
         self.max_body_bytes = self.limits.max_body_bytes
         self.created = int(time.time())
-        self.token_bytes = token_bytes(ctx.tokenizer)
+        self.token_bytes = engine.table.tokens  # each token's bytes (the engine's table holds them)
         self.open_requests = 0
         self.draining = False  # SIGTERM: new requests get 503 while those in progress finish
         self.connections: Callable[[], int] = lambda: 0  # open connections (uvicorn's, set by the CLI)
@@ -121,6 +121,8 @@ def create_app(server: Server) -> Starlette:
                 response = await handler(request)
             except RequestError as e:
                 response = error_response(e)
+            except ClientDisconnect:  # the body broke off: nobody is left to answer
+                response = Response(status_code=499)
             except Exception as e:  # a bug of ours: the client still gets OpenAI's error shape
                 print(f"tiny-llm: error: id={request.scope['tiny_llm'].id} {request.method} {request.url.path}: "
                       f"internal error", file=sys.stderr, flush=True)
@@ -138,6 +140,9 @@ def create_app(server: Server) -> Starlette:
     async def health(request: Request) -> Response:
         status, body = server.health()
         return JSONResponse(body, status_code=status)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(describe(server))
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(server)]})
@@ -185,6 +190,7 @@ def create_app(server: Server) -> Starlette:
         Route("/", endpoint("page", page, auth=False)),
         Route("/health", endpoint("health", health, auth=False)),
         Route("/metrics", endpoint("metrics", metrics, auth=False)),
+        Route("/openapi.json", endpoint("openapi", openapi, auth=False)),
         Route("/v1/models", endpoint("models", models)),
         Route("/v1/models/{model:path}", endpoint("models", model)),
         Route("/v1/chat/completions", endpoint("chat", chat), methods=["POST"]),
@@ -229,11 +235,15 @@ async def _json_body(request: Request, limit: int):
             raise RequestError(f"the request body is over this server's limit of {limit} bytes", status=413,
                                code="request_too_large")
     try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from None
+        return json.loads(data, parse_constant=_not_json)
     except RecursionError:
         raise RequestError("the request body is nested too deeply") from None
+    except ValueError as e:  # malformed, not UTF-8, NaN or Infinity, an integer of over 4300 digits
+        raise RequestError(f"the request body is not valid JSON: {e}") from None
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _remaining(exchange: Exchange) -> float | None:
@@ -287,7 +297,7 @@ async def _generate(server: Server, request: Request, kind: str) -> Response:
     finally:
         gone.cancel()
     if reply.error:
-        raise RequestError(reply.error, status=reply.error_status, type="server_error")
+        raise reply.request_error()
     return JSONResponse(reply.whole())
 
 
@@ -316,7 +326,7 @@ async def _stream(server: Server, handle: Handle, reply: "Reply"):
             for chunk in reply.add(event):
                 yield _sse(chunk)
         if reply.error:
-            yield _sse(RequestError(reply.error, status=reply.error_status, type="server_error").to_openai())
+            yield _sse(reply.request_error().to_openai())
         elif reply.job.include_usage:
             yield _sse(reply.usage_chunk())
         yield "data: [DONE]\n\n"
@@ -348,6 +358,11 @@ class Reply:
         self.cached_tokens = 0  # of the prompt, found in the prefix cache
         self.error: str | None = None
         self.error_status = 500
+
+    def request_error(self) -> RequestError:
+        """The error that ended the job: the request's own fault below 500, the server's above."""
+        kind = "invalid_request_error" if self.error_status < 500 else "server_error"
+        return RequestError(self.error, status=self.error_status, type=kind)
 
     @property
     def done(self) -> bool:

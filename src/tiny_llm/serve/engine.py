@@ -285,11 +285,15 @@ class Engine:
             self._leave_queue(handle)
 
     def _cancel(self, handle: Handle) -> None:
+        """Counted once: a job already over (or cancelled) is left as it is."""
+        live = handle.waiting
         for uid in handle.uids:
             if self._choices.pop(uid, None) is not None:
                 self.gen.cancel(uid)
+                live = True
         self._leave_queue(handle)
-        self.metrics.cancelled.inc()
+        if live:
+            self.metrics.cancelled.inc()
         self.metrics.running.set(len(self.gen.running))
 
     def _leave_queue(self, handle: Handle) -> None:
@@ -341,7 +345,9 @@ class Engine:
             self.metrics.inter_token_latency.observe(now - choice.last)
         choice.last = now
         if r.finish_reason == "error":  # the whole job fails: its other choices leave too
-            self._fail(handle, r.error)
+            # A row fails alone when nothing can be drawn for it (its grammar allows no token,
+            # its sampling parameters leave no finite logit): the request's own doing.
+            self._fail(handle, r.error, status=400)
             return
         self.metrics.generation_tokens.inc()
         text, found = choice.stops.feed(r.text)

@@ -6,6 +6,7 @@ OpenAI's error shape and status 400 (404 for an unknown model).
 """
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -20,6 +21,13 @@ from .tools import (ToolError, call_or_answer_grammar, check_function_call, chec
 
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
+MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in int32; beyond it, MLX fails the whole batch's step
+# The sampler computes in float32: a parameter beyond its range (or nonzero and below its
+# smallest positive number, so that it rounds to zero) turns the logits into infinities, so
+# such a value is refused here, with its name.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45
+FLOAT_PARAMS = frozenset(f.name for f in fields(SamplingParams) if f.type is float)
 
 # OpenAI fields that change nothing here; accepted so that clients which send them work.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities",
@@ -112,9 +120,9 @@ def parse(body, kind: str, ctx: Context) -> Job:
     if model is not None and model not in ctx.model_ids:
         raise RequestError(f"the model {model!r} does not exist; this server has {ctx.model_ids[0]!r}",
                            "model", status=404, code="model_not_found")
-    best_of = body.get("best_of")
-    for name, supported in (("echo", body.get("echo") in (None, False)), ("suffix", body.get("suffix") is None),
-                            ("best_of", best_of is None or (best_of == 1 and not isinstance(best_of, bool)))):
+    best_of, echo = body.get("best_of"), body.get("echo")
+    for name, supported in (("echo", echo is None or echo is False), ("suffix", body.get("suffix") is None),
+                            ("best_of", best_of is None or (type(best_of) is int and best_of == 1))):
         if not supported:
             raise RequestError(f"{name} is not supported (only its default)", name)
     stream = _flag(body, "stream")
@@ -132,7 +140,8 @@ def parse(body, kind: str, ctx: Context) -> Job:
 
     max_tokens = _max_tokens(body, kind, len(prompt), ctx)
     logprobs = _logprobs(body, kind)
-    n = check_field("n", body.get("n", 1), lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
+    n = body.get("n")
+    n = 1 if n is None else check_field("n", n, lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
     request = _request(body, logprobs, _constraints(body, tools), ctx)
     choices = [seeded(request.params, i) for i in range(n)]  # choice i draws with seed + i: they differ
     return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, list(request.stop), logprobs, stream,
@@ -166,7 +175,10 @@ def check_field(name: str, value, check: Callable):
 
 
 def _flag(body: dict, name: str, param: str | None = None) -> bool:
-    value = body.get(name, False)
+    """A true/false field; null (as OpenAI's clients may send) is its default, false."""
+    value = body.get(name)
+    if value is None:
+        return False
     if not isinstance(value, bool):
         raise RequestError(f"{param or name} must be true or false, got {value!r}", param or name)
     return value
@@ -317,6 +329,20 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return top
 
 
+def _check_float32(name: str, value) -> None:
+    """A number the sampler can hold as a float32: 0, or between FLOAT32_TINY and FLOAT32_MAX
+    in magnitude (other types, and NaN, are left to `SamplingParams`, which names them)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value == 0 or value != value:
+        return
+    try:
+        magnitude = abs(float(value))
+    except OverflowError:  # an integer beyond any float
+        magnitude = math.inf
+    if not FLOAT32_TINY <= magnitude <= FLOAT32_MAX:
+        raise RequestError(f"{name} must be a float32 (the sampler's numbers): 0, or between {FLOAT32_TINY!r} "
+                           f"and {FLOAT32_MAX!r} in magnitude, got {value!r}"[:300], name)
+
+
 def _constraints(body: dict, tools: Tools) -> list[tuple]:
     """The sources of a grammar besides the `grammar` / `regex` / `json_schema` extensions:
     `response_format` and the tools. A forced call is decoded under the call grammar alone
@@ -361,6 +387,13 @@ def _response_schema(fmt) -> dict | bool | None:
 def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Context):
     """The request's sampling parameters, grammar and stop strings (`tiny_llm.requests`)."""
     given = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
+    for name in FLOAT_PARAMS & set(given):
+        _check_float32(name, given[name])
+    if "top_k" in given:
+        check_field("top_k", given["top_k"], lambda v: check_int("top_k", v, minimum=0, maximum=MAX_TOP_K))
+    if body.get("logit_bias") is not None and not isinstance(body["logit_bias"], dict):
+        raise RequestError(f"logit_bias must be an object of token id to bias, got {body['logit_bias']!r}"[:300],
+                           "logit_bias")
     given.setdefault("temperature", 1.0)  # OpenAI's default
     for name in ("samplers", "order", "logit_bias", "stop", "grammar", "regex", "json_schema"):
         if body.get(name) is not None:
