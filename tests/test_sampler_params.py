@@ -42,6 +42,7 @@ def test_nan_rejected_for_every_float_field(name):
 BAD_VALUES = [
     ("top_k", -1),
     ("top_k", -100),
+    ("top_k", 2**31),  # held as an int32
     ("top_k", 2.5),
     ("top_p", -0.1),
     ("top_p", 1.1),

@@ -11,6 +11,7 @@ from .draw import DRAWS
 # Whether a stage is on for one row's parameters (off: it leaves the row's logits as they
 # are), stage by stage in llama.cpp's order. The one place these rules are written:
 # `enabled_stages`, the engine's chain and the fast path's window all ask here.
+MAX_TOP_K = 2**31 - 1  # the sampler holds top_k as an int32; beyond it MLX fails the whole batch
 STAGE_ON: dict[str, Callable[["SamplingParams"], bool]] = {
     "penalties": lambda p: p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0,
     "dry": lambda p: p.dry_multiplier > 0,
@@ -148,7 +149,7 @@ class SamplingParams:
     def __post_init__(self):
         f = check_float
         f("temperature", self.temperature, minimum=0.0, maximum=math.inf, max_open=True)
-        check_int("top_k", self.top_k, minimum=0)
+        check_int("top_k", self.top_k, minimum=0, maximum=MAX_TOP_K)
         f("top_p", self.top_p, minimum=0.0, maximum=1.0)
         f("min_p", self.min_p, minimum=0.0, maximum=1.0)
         f("typical_p", self.typical_p, minimum=0.0, maximum=1.0)

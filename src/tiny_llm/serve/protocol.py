@@ -14,6 +14,7 @@ from ..constrain import json_schema_to_gbnf
 from ..defaults import MAX_TOKENS
 from ..requests import FieldError, GrammarCache, build_request, check_max_tokens, seeded
 from ..sampler import SamplingParams
+from ..sampler.params import MAX_TOP_K
 from ..sampler.checks import check_int
 from ..tokenizer import Tokenizer
 from .tools import (ToolError, call_or_answer_grammar, check_function_call, check_tool_choice, check_tools,
@@ -21,7 +22,6 @@ from .tools import (ToolError, call_or_answer_grammar, check_function_call, chec
 
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
-MAX_TOP_K = 2**31 - 1  # the sampler holds top_k in int32; beyond it, MLX fails the whole batch's step
 # The sampler computes in float32: a parameter beyond its range (or nonzero and below its
 # smallest positive number, so that it rounds to zero) turns the logits into infinities, so
 # such a value is refused here, with its name.
