@@ -127,6 +127,15 @@ def model_weights(model) -> dict[str, mx.array]:
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, default_model_dir):
+    """`serve_support.TINY_SERVED` as a model directory named "tiny-served": a random-weight
+    model with the default model's tokenizer, for the live servers of the server tests."""
+    from serve_support import tiny_served_model
+
+    return tiny_served_model(tmp_path_factory.mktemp("served") / "tiny-served", default_model_dir)
+
+
+@pytest.fixture(scope="session")
 def default_model_dir():
     """The converted default model (SmolLM2-135M-Instruct), shared by all tests."""
     from tiny_llm.loader import resolve

@@ -16,7 +16,7 @@ import jsonschema
 import mlx.core as mx
 import openai
 import pytest
-from serve_support import running_server, tiny_served_model
+from serve_support import running_server
 from test_serve_text import TIME, WEATHER
 
 import tiny_llm
@@ -28,11 +28,6 @@ pytestmark = pytest.mark.xdist_group("serve-tiny")
 
 NAME = "tiny-served"
 EOS = {"2": -100}  # ban the end-of-sequence token: replies run to max_tokens
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    return tiny_served_model(tmp_path_factory.mktemp("serve") / NAME, default_model_dir)
 
 
 @pytest.fixture(scope="module")

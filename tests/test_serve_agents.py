@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from serve_support import running_server, tiny_served_model
+from serve_support import running_server
 from test_serve_text import TIME, WEATHER
 
 from tiny_llm.constrain import Grammar
@@ -154,9 +154,8 @@ def test_old_and_new_spellings_together_name_both(ctx):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, default_model_dir):
-    directory = tiny_served_model(tmp_path_factory.mktemp("agents") / NAME, default_model_dir)
-    with running_server("--max-batch-size", "4", model=str(directory)) as server:
+def served(tiny_dir):
+    with running_server("--max-batch-size", "4", model=str(tiny_dir)) as server:
         yield server
 
 

@@ -17,15 +17,10 @@ import time
 
 import httpx
 import pytest
-from serve_support import free_port, running_server, tiny_served_model
-from test_serve import EOS, chat, error_of
+from serve_support import running_server
+from test_serve import EOS, error_of
 
 pytestmark = pytest.mark.xdist_group("serve-faults")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    return tiny_served_model(tmp_path_factory.mktemp("faults") / "tiny-served", default_model_dir)
 
 
 def stream(url: str, body: dict, **kw) -> list:

@@ -34,7 +34,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                                response_headers_conformance, response_schema_conformance,
                                                status_code_conformance)
-from serve_support import running_server, tiny_served_model
+from serve_support import running_server
 
 from tiny_llm.serve.app import create_app
 from tiny_llm.serve.openapi import describe
@@ -43,7 +43,7 @@ from tiny_llm.serve.protocol import (CHAT, COMPLETION, EXTENSIONS, IGNORED, MAX_
 
 pytestmark = pytest.mark.xdist_group("serve-fuzz")
 
-NAME = "tiny-fuzz"
+NAME = "tiny-served"  # the name of conftest's tiny_dir
 SEED = 20_321  # hypothesis' seed: the same requests on every run
 TIMEOUT = 30  # seconds for any one request: a hang fails the test instead of stalling it
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -68,11 +68,6 @@ EXAMPLES = {
 }
 FUZZED = [(method, path, mode) for (method, path), modes in EXAMPLES.items() for mode in modes]
 
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, default_model_dir):
-    return tiny_served_model(tmp_path_factory.mktemp("serve-fuzz") / NAME, default_model_dir)
 
 
 @pytest.fixture(scope="module")
