@@ -1058,3 +1058,24 @@ def test_min_tokens_counts_from_each_new_reply():
     s.new_reply()
     assert [s.sample(x).item() for _ in range(3)] == [1, 1, 0]
     assert [s.sample(x).item() for _ in range(2)] == [0, 0]  # no new reply: nothing held back
+
+
+INVARIANCE_KINDS = {
+    "plain": dict(temperature=1.0), "top_p": dict(temperature=1.0, top_p=0.9),
+    "min_p": dict(temperature=1.0, min_p=0.05), "top_k": dict(temperature=0.8, top_k=40),
+    "penalties": dict(temperature=1.0, repetition_penalty=1.2), "race": dict(temperature=1.0, draw="race"),
+}
+
+
+@pytest.mark.parametrize("neighbour", ["top_p", "min_p", "plain"])
+@pytest.mark.parametrize("subject", list(INVARIANCE_KINDS))
+def test_a_seeded_row_draws_the_same_tokens_whatever_its_neighbour_asks_for(subject, neighbour):
+    """The same row alone and beside a row of another kind: the same token at every step.
+    (A row without top-p once drew from top-p's selection when its neighbour had top-p: a
+    neighbouring token at a boundary of the cumulative sum, 4 times in these 60 steps.)"""
+    row = SamplingParams(seed=11, **INVARIANCE_KINDS[subject])
+    alone, batch = Sampler(row), Sampler([row, SamplingParams(seed=99, **INVARIANCE_KINDS[neighbour])])
+    rng = np.random.default_rng(0)
+    for step in range(60):
+        x = mx.array((rng.standard_normal((2, 49152)) * 4).astype(np.float32)).astype(mx.float16)
+        assert int(alone.sample(x[:1])[0]) == int(batch.sample(x)[0]), step

@@ -365,9 +365,20 @@ class Sampler:
         if all(r.kind == "greedy" for r in rows):
             return argmax_and_value(y)  # probe: the logit at the argmax, NaN or -inf: bad row
         groups = _groups(rows, by_draw=True)
-        if len(groups) > 1:
+        if len({(key, how) for key, how, _ in groups}) > 1:
             return None
-        ((key, how),) = groups
+        if len(groups) > 1:  # rows with top-p and rows without: each part by its own draw
+            tokens, probe = mx.zeros((B,), dtype=mx.int32), mx.zeros((B,), dtype=mx.float32)
+            for members in groups.values():
+                idx = mx.array(members)
+                part = self._plain_draw(logits[idx], [hist[b] for b in members], [rows[b] for b in members], clean)
+                if part is None:
+                    return None
+                t, p = part
+                tokens = scatter_rows(tokens, idx, t.astype(mx.int32))
+                probe = scatter_rows(probe, idx, p.astype(mx.float32))
+            return tokens, probe
+        ((key, how, _),) = groups
         u = _uniforms(rows, rng.DRAW)
         if not any(stage_on(s, r.params) for r in rows for s in ("min_p", "top_p")):  # temperature alone: one pass
             return _draw_by(how, y / _col(rows, "temperature"), rows, u)  # probe: the row max, NaN or -inf: bad row
@@ -410,7 +421,7 @@ class Sampler:
         tokens = mx.zeros((B,), dtype=mx.int32)
         tops = mx.zeros((B,), dtype=mx.float32)
         updates = []
-        for (key, how), members in groups.items():
+        for (key, how, _), members in groups.items():
             whole = len(groups) == 1
             idx = None if whole else mx.array(members)
             xg = x if whole else x[idx]
@@ -646,13 +657,15 @@ def _uniforms(rows: list[Row], stream: int) -> mx.array:
 
 
 def _groups(rows: list[Row], by_draw: bool = False) -> dict[tuple, list[int]]:
-    """Batch rows by chain: the stage order, or the mirostat version. `by_draw`: by chain and
-    way of drawing, keyed `(chain, SamplingParams.draw)`."""
+    """Batch rows by chain: the stage order, or the mirostat version. `by_draw`: by chain, way
+    of drawing and whether top-p is on, keyed `(chain, SamplingParams.draw, top_p on)`: top-p
+    draws its rows from its own selection, and a row without it must draw as it would alone,
+    whatever its neighbours ask for (a seeded request gives the same tokens in any batch)."""
     groups: dict[tuple, list[int]] = {}
     for b, r in enumerate(rows):
         p = r.params
         chain = ("mirostat", p.mirostat) if p.mirostat else p.order
-        groups.setdefault((chain, p.draw) if by_draw else chain, []).append(b)
+        groups.setdefault((chain, p.draw, stage_on("top_p", p)) if by_draw else chain, []).append(b)
     return groups
 
 
