@@ -60,11 +60,11 @@ EXAMPLES = {
     ("GET", "/metrics"): {"positive": 1},
     ("GET", "/openapi.json"): {"positive": 1},
     ("GET", "/v1/models"): {"positive": 1},
-    ("GET", "/v1/models/{model}"): {"positive": 20},
-    ("POST", "/v1/chat/completions"): {"positive": 50, "negative": 35},
-    ("POST", "/v1/completions"): {"positive": 60, "negative": 40},
-    ("POST", "/tokenize"): {"positive": 30, "negative": 30},
-    ("POST", "/detokenize"): {"positive": 30, "negative": 30},
+    ("GET", "/v1/models/{model}"): {"positive": 10},
+    ("POST", "/v1/chat/completions"): {"positive": 30, "negative": 20},
+    ("POST", "/v1/completions"): {"positive": 30, "negative": 20},
+    ("POST", "/tokenize"): {"positive": 15, "negative": 15},
+    ("POST", "/detokenize"): {"positive": 15, "negative": 15},
 }
 FUZZED = [(method, path, mode) for (method, path), modes in EXAMPLES.items() for mode in modes]
 

@@ -83,10 +83,6 @@ def run(args: argparse.Namespace) -> None:
         model, tokenizer = load(args)
         follow(distributed.group(), model, tokenizer)
         return
-    if not _loopback(args.host) and args.api_key is None:
-        print(f"tiny-llm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
-              f"machine can use the model and its compute; set --api-key KEY or listen on 127.0.0.1",
-              file=sys.stderr, flush=True)
     try:  # a clear message now rather than uvicorn's log line after the model has loaded
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -94,6 +90,10 @@ def run(args: argparse.Namespace) -> None:
             probe.bind((args.host, args.port))
     except OSError as e:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    if not _loopback(args.host) and args.api_key is None:
+        print(f"tiny-llm serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
+              f"machine can use the model and its compute; set --api-key KEY or listen on 127.0.0.1",
+              file=sys.stderr, flush=True)
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
