@@ -37,7 +37,6 @@ class Server:
                  access_log: bool = False):
         self.engine, self.ctx, self.metrics = engine, ctx, engine.metrics
         self.api_key, self.limits, self.access_log = api_key, limits or Limits(), access_log
-        self.max_body_bytes = self.limits.max_body_bytes
         self.created = int(time.time())
         self.token_bytes = engine.table.tokens  # each token's bytes (the engine's table holds them)
         self.open_requests = 0
@@ -157,7 +156,7 @@ def create_app(server: Server) -> Starlette:
         return Response(server.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def tokenize(request: Request) -> Response:
-        body = await _json_body(request, server.max_body_bytes)
+        body = await _json_body(request, server.limits.max_body_bytes)
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         if "messages" in body:
@@ -172,7 +171,7 @@ def create_app(server: Server) -> Starlette:
         return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": server.ctx.context_length})
 
     async def detokenize(request: Request) -> Response:
-        body = await _json_body(request, server.max_body_bytes)
+        body = await _json_body(request, server.limits.max_body_bytes)
         tokens = body.get("tokens") if isinstance(body, dict) else None
         vocab = server.ctx.vocab_size
         if not isinstance(tokens, list) or not all(
@@ -252,7 +251,7 @@ def _remaining(exchange: Exchange) -> float | None:
 
 async def _generate(server: Server, request: Request, kind: str) -> Response:
     exchange: Exchange = request.scope["tiny_llm"]
-    body = await _json_body(request, server.max_body_bytes)
+    body = await _json_body(request, server.limits.max_body_bytes)
     job = await run_in_threadpool(parse, body, kind, server.ctx)
     exchange.prompt_tokens = len(job.prompt)
     try:

@@ -236,11 +236,8 @@ class Engine:
         prefix cache) takes the old one's place; jobs not yet inserted wait for it."""
         print(f"tiny-llm: error: {message}; the jobs in the batch fail, the engine goes on with a new batch",
               file=sys.stderr, flush=True)
-        self.gen = self._generator()  # first: the failed jobs' rows need not leave the old batch
-        for handle in {id(c.handle): c.handle for c in self._choices.values()}.values():
-            self._fail(handle, message)
-        for handle in list(self._queued):
-            self._fail(handle, message)
+        self.gen = self._generator()
+        self._fail_inserted(message, 500)
         self.failures += 1
         self.metrics.engine_failures.inc()
         self.metrics.running.set(0)
@@ -317,13 +314,18 @@ class Engine:
         handle.put(Event(0, finish_reason="error", error=message, status=status) if handle.uids
                    else RequestError(message, status=status, type="server_error"))
 
+    def _fail_inserted(self, message: str, status: int) -> None:
+        """Every inserted job (in the batch, or waiting for a row) ends with an error; the
+        batch they were in is not touched (it is being replaced, or the thread ends)."""
+        handles = {id(c.handle): c.handle for c in self._choices.values()}
+        handles.update((id(h), h) for h in self._queued)
+        for handle in handles.values():
+            self._fail(handle, message, status, rows=False)
+
     def _fail_all(self, message: str, status: int) -> None:
-        """Every job ends with an error as the engine thread ends: those in the batch, those
-        inserted and waiting for a row, and those submitted but not yet inserted."""
-        for handle in {id(c.handle): c.handle for c in self._choices.values()}.values():
-            self._fail(handle, message, status, rows=False)
-        for handle in list(self._queued):
-            self._fail(handle, message, status, rows=False)
+        """Every job ends with an error as the engine thread ends: those inserted, and those
+        submitted but not yet inserted."""
+        self._fail_inserted(message, status)
         while True:  # jobs submitted but not yet inserted
             try:
                 name, handle = self._commands.get_nowait()

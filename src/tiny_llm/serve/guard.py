@@ -105,8 +105,8 @@ class Guard:
         if server.draining and path not in DRAIN_OPEN:
             refused = RequestError("the server is shutting down; retry on another", status=503,
                                    type="server_error", code="shutting_down")
-        elif server.connections() > limits.max_connections:
-            refused = RequestError(f"the server has {server.connections()} open connections, the most it serves "
+        elif (connections := server.connections()) > limits.max_connections:
+            refused = RequestError(f"the server has {connections} open connections, the most it serves "
                                    f"(--max-connections {limits.max_connections}); retry later", status=503,
                                    type="server_error", code="too_many_connections")
         note = ""
