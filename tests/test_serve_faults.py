@@ -136,13 +136,15 @@ def test_a_request_past_its_time_limit_ends_with_408(tiny_dir):
         slow = server.post("/v1/completions", FOREVER)
         error = error_of(slow, 408)
         assert error["code"] == "request_timeout" and "--request-timeout" in error["message"]
-        chunks = stream(url, FOREVER)
+        chunks = stream(url, FOREVER, headers={"X-Request-Id": "cut-stream"})
         assert chunks[-1] == "[DONE]" and chunks[-2]["error"]["code"] == "request_timeout"
         assert text_of(chunks)  # it streamed until the limit
+        wait_for(lambda: "id=cut-stream " in server.log_text, "no access line for the stream")
+        line = next(line for line in server.log_text.splitlines() if "access: id=cut-stream " in line)
+        assert " 200 " in line and line.endswith(" ended: 408 request_timeout")
         assert server.metric("tiny_llm_timed_out_requests_total") == 2
         wait_for(lambda: server.metric("tiny_llm_running_rows") == 0, "the rows were not freed")
         assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 3}).status_code == 200
-
 
 
 def test_connections_beyond_the_limit_are_turned_away(tiny_dir):
@@ -171,7 +173,8 @@ def test_sigterm_drains_streams_in_progress_then_exits_0(tiny_dir):
         results, started = {}, threading.Barrier(3)
 
         def run(name, body):
-            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as response:
+            with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60,
+                              headers={"X-Request-Id": f"drain-{name}"}) as response:
                 lines = response.iter_lines()
                 first = next(lines)
                 started.wait(30)
@@ -202,6 +205,12 @@ def test_sigterm_drains_streams_in_progress_then_exits_0(tiny_dir):
     assert forever_chunks[-1] == "[DONE]"
     assert forever_chunks[-2]["error"]["message"] == "the server is shutting down"
     assert "Traceback" not in server.log_text
+    # Both answers began with 200; the access line of the one cut says how it ended.
+    access = {name: [line for line in server.log_text.splitlines() if f"access: id=drain-{name} " in line]
+              for name in ("short", "forever")}
+    assert len(access["short"]) == len(access["forever"]) == 1, access
+    assert " 200 " in access["short"][0] and "ended" not in access["short"][0]
+    assert " 200 " in access["forever"][0] and access["forever"][0].endswith(" ended: 503 server_error")
 
 
 def test_listening_beyond_loopback_without_a_key_warns(tmp_path):

@@ -319,19 +319,25 @@ async def _stream(server: Server, handle: Handle, reply: "Reply"):
                 server.engine.cancel(handle)
                 server.metrics.timed_out.inc()
                 reply.error = "timed out"  # done: the job has left the engine
-                yield _sse(timed_out(server.limits).to_openai())
+                yield _sse(_ended(reply, timed_out(server.limits)))
                 yield "data: [DONE]\n\n"
                 return
             for chunk in reply.add(event):
                 yield _sse(chunk)
         if reply.error:
-            yield _sse(reply.request_error().to_openai())
+            yield _sse(_ended(reply, reply.request_error()))
         elif reply.job.include_usage:
             yield _sse(reply.usage_chunk())
         yield "data: [DONE]\n\n"
     finally:
         if not reply.done:
             server.engine.cancel(handle)
+
+
+def _ended(reply: "Reply", error: RequestError) -> dict:
+    """The error chunk that ends a stream; the access line says the stream ended so."""
+    reply.exchange.ended = f" ended: {error.status} {error.code or error.type}"
+    return error.to_openai()
 
 
 def _sse(data: dict) -> str:

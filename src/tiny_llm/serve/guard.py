@@ -46,6 +46,7 @@ class Exchange:
     completion_tokens: int = 0
     first_token: float | None = None  # seconds from arrival to the first token
     cancel: Callable[[], None] | None = None  # takes the request's job out of the engine
+    ended: str = ""  # how a response begun with 200 ended in an error: its status and type
 
 
 class SlowClient(Exception):
@@ -109,7 +110,7 @@ class Guard:
             refused = RequestError(f"the server has {connections} open connections, the most it serves "
                                    f"(--max-connections {limits.max_connections}); retry later", status=503,
                                    type="server_error", code="too_many_connections")
-        note = ""
+        note = ""  # how the exchange ended, when not as its status says
         try:
             if refused is not None:
                 status = refused.status
@@ -139,4 +140,4 @@ class Guard:
                 print(f"tiny-llm: access: id={exchange.id} {scope.get('method', '-')} {path} {status or '-'} "
                       f"prompt_tokens={exchange.prompt_tokens} completion_tokens={exchange.completion_tokens} "
                       f"ttft={ttft} time={time.monotonic() - exchange.started:.3f} "
-                      f"client={client[0]}:{client[1]}{note}", file=sys.stderr, flush=True)
+                      f"client={client[0]}:{client[1]}{note or exchange.ended}", file=sys.stderr, flush=True)
