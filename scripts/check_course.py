@@ -101,6 +101,7 @@ def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
         ok &= good
         rows.append(f"{'':12s} {test_file(d):28s} {n:5d} tests  still pass: "
                     + ("yes" if good else f"NO ({res['failed']} failed, {res['skipped']} skipped)"))
+        rows += [f"{'':12s}   fails: {k[len('failed:'):]}" for k in res if k.startswith("failed:")]
     return ok, rows
 
 
