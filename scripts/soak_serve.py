@@ -108,11 +108,7 @@ DOCUMENTS = [f"Notes of {role}, page {i + 1}.\n" + "\n".join(f"- {topic}: see {R
              for i, role in enumerate(ROLES)]
 STOPS = [["\n\n"], [" the"], ["."], ["zz", "e "], [","]]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                   "required": ["city", "days"], "additionalProperties": False}}}
+WEATHER = json.loads((Path(__file__).resolve().parent.parent / "examples" / "weather-tool.json").read_text())
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
     "additionalProperties": False}}}

@@ -3,6 +3,7 @@ calls cut out of streamed text at every possible split, tools in the prompt, and
 field a request can get wrong."""
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -11,11 +12,8 @@ from tiny_llm.serve.protocol import Context, RequestError, parse
 from tiny_llm.serve.text import StopStrings, ToolCallText, parse_tool_call
 from tiny_llm.serve.tools import conversation, tool_call_grammar
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-                   "required": ["city", "days"], "additionalProperties": False}}}
+# An OpenAI tool definition, as a client sends it (also the soak's, scripts/soak_serve.py).
+WEATHER = json.loads((Path(__file__).resolve().parent.parent / "examples" / "weather-tool.json").read_text())
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "additionalProperties": False}}}
 
