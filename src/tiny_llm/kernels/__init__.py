@@ -248,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["build"]:
         from . import build
 
+        global _ext
         try:
-            build.load(build.build(force=(build.build_dir() / "failed.txt").exists()))
+            _ext = build.load(build.build(force=(build.build_dir() / "failed.txt").exists()))
         except (build.BuildError, ImportError, OSError) as e:
             print(f"tiny-llm: kernels not built ({str(e).splitlines()[0]}); everything runs on MLX ops",
                   file=sys.stderr)

@@ -26,7 +26,7 @@ import mlx.core as mx
 from ..files import cache_root, locked
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("CMakeLists.txt", "kernels.h", "ops.cpp", "threads.cpp", "qmm.cpp", "attention.cpp")
+SOURCES = ("CMakeLists.txt", "kernels.h", "ops.cpp", "threads.cpp", "qmm.cpp", "step.cpp", "attention.cpp")
 BUILD_TIMEOUT = 600  # seconds for configure + build
 
 

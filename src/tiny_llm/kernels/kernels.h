@@ -1,5 +1,5 @@
 // Engine — the kernels' shared declarations: the course days' functions (qmm.cpp, week 2 day 6;
-// attention.cpp, week 3 day 6) on plain float buffers, and the thread pool that runs them.
+// step.cpp, week 2 day 7; attention.cpp, week 3 day 6) on plain float buffers, and the thread pool that runs them.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +61,19 @@ struct PagedQuery {
 // page list, with a running maximum and sum (one pass over the keys, no score matrix).
 template <typename T>
 void attend_paged(const PagedQuery<T>& a);
+
+// ---- week 2 day 7: the step's overhead (step.cpp) -------------------------------------------
+// One token's features at a time, in float; `ops.cpp` runs them inside one primitive per layer.
+
+// h += delta (when delta is not null), then out = h / sqrt(mean(h * h) + eps) * weight (E features).
+void add_rms_norm(float* h, const float* delta, const float* weight, int E, float eps, float* out);
+
+// Rotates each of `heads` vectors of D features in x (heads x D) by one position's angles:
+// cos[i], sin[i] for i < D / 2 turn the pair (2i, 2i + 1) when `traditional`, else (i, i + D/2).
+void rope_rows(float* x, int heads, int D, const float* cos, const float* sin, bool traditional);
+
+// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+void swiglu(const float* gate, const float* up, int n, float* out);
 
 // ---- the thread pool -----------------------------------------------------------------------
 int num_threads();

@@ -17,6 +17,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "kernels.h"
 #include "mlx/allocator.h"
@@ -94,6 +95,7 @@ struct Source {
   mx::Shape shape;
   mx::Strides strides;
 
+  Source() : p(nullptr), dt(mx::float32), contiguous(true) {}
   explicit Source(const mx::array& a)
       : p(a.data<void>()), dt(a.dtype()), contiguous(a.flags().row_contiguous), shape(a.shape()),
         strides(a.strides()) {}
@@ -124,15 +126,16 @@ bool is_float(mx::Dtype dt) { return dt == mx::float32 || dt == mx::float16 || d
 
 // ---- matrix products -----------------------------------------------------------------------
 
-// A product `out [M, N] = x [M, K] @ W.T (+ bias)` whatever W's storage: `fill` writes rows
-// n0 .. n0 + rows - 1 of W as float into `tile` (or returns a pointer to them as they are).
-struct Product {
-  Source x;
-  mx::Dtype xt;
-  const void* bias;  // nullptr: none
-  mx::Dtype bt;
-  void* out;
-  int M, N, K;
+// One projection's weight W [N, K] as stored: quantized in MLX's affine format (`bits` > 0:
+// packed `w`, `scales` and `biases` [N, K / group_size]) or float (`bits` == 0), and its bias.
+struct Linear {
+  const void* w = nullptr;
+  mx::Dtype wt = mx::float32;
+  const void *scales = nullptr, *biases = nullptr;
+  mx::Dtype st = mx::float32;
+  int N = 0, K = 0, group_size = 0, bits = 0;
+  const void* bias = nullptr;  // [N], or none
+  mx::Dtype bt = mx::float32;
 };
 
 // Rows of W per piece of work: few for prefill (a tile of them stays in cache while every row
@@ -140,90 +143,70 @@ struct Product {
 constexpr int DECODE_ROWS = 4;  // below this many rows of x, the decode path
 constexpr int TILE_ROWS = 16, DECODE_TILE_ROWS = 64;
 
-// out[r] += bias[n0 + r] (in float, before the one rounding to the output's dtype).
-void add_bias(const Product& p, int n0, int rows, float* out) {
-  if (!p.bias) return;
-  thread_local std::vector<float> b;
-  b.resize(rows);
-  load_row(p.bias, p.bt, n0, rows, b.data());
-  for (int r = 0; r < rows; ++r) out[r] += b[r];
-}
+int piece_rows(int M) { return M < DECODE_ROWS ? DECODE_TILE_ROWS : TILE_ROWS; }
 
-template <typename Fill>
-void run_tiled(const Product& p, const std::vector<float>& x, Fill fill) {
-  const int NB = p.M < DECODE_ROWS ? DECODE_TILE_ROWS : TILE_ROWS;
-  const int pieces = (p.N + NB - 1) / NB;
-  parallel_for(pieces, [&](int t) {
-    thread_local std::vector<float> tile, o;
-    const int n0 = t * NB, rows = std::min(NB, p.N - n0);
-    tile.resize(static_cast<size_t>(NB) * p.K);
-    o.resize(static_cast<size_t>(p.M) * NB);
-    const float* w = fill(n0, rows, tile.data());
-    matmul_tile(x.data(), p.M, w, rows, p.K, o.data(), NB);
-    for (int m = 0; m < p.M; ++m) {
-      add_bias(p, n0, rows, o.data() + m * NB);
-      store_row(o.data() + m * NB, p.xt, p.out, static_cast<long>(m) * p.N + n0, rows);
-    }
-  });
-}
-
-std::vector<float> rows_as_float(const Product& p) {
-  std::vector<float> x(static_cast<size_t>(p.M) * p.K);
-  p.x.load(0, p.M * p.K, x.data());
-  return x;
-}
-
-struct Quantized {
-  const uint32_t* w;
-  const void *scales, *biases;
-  mx::Dtype st;
-  int group_size, bits;
-};
-
-void run_quantized(const Product& p, const Quantized& q) {
-  const std::vector<float> x = rows_as_float(p);
-  const int G = p.K / q.group_size, words = p.K * q.bits / 32;
-  if (p.M >= DECODE_ROWS) {  // prefill: unpack a tile of W once, use it for every row of x
-    run_tiled(p, x, [&](int n0, int rows, float* tile) {
-      thread_local std::vector<float> s, b;
-      s.resize(static_cast<size_t>(rows) * G), b.resize(static_cast<size_t>(rows) * G);
-      load_row(q.scales, q.st, static_cast<long>(n0) * G, rows * G, s.data());
-      load_row(q.biases, q.st, static_cast<long>(n0) * G, rows * G, b.data());
-      dequantize_rows(q.w + static_cast<long>(n0) * words, s.data(), b.data(), rows, p.K, q.group_size, q.bits, tile);
-      return static_cast<const float*>(tile);
-    });
-    return;
-  }
-  // decode: unpack in registers only. float32 scales are read where they are; others are
-  // turned into float a piece at a time (they are as many bytes as 4-bit weights).
-  const int NB = DECODE_TILE_ROWS, pieces = (p.N + NB - 1) / NB;
-  parallel_for(pieces, [&](int t) {
-    thread_local std::vector<float> s, b, o;
-    const int n0 = t * NB, rows = std::min(NB, p.N - n0);
+// One piece of `x [M, K] @ W.T (+ bias)`, on the calling thread: out[m * ldo + r] for rows
+// n0 .. n0 + rows - 1 of W. Decode unpacks W in registers only (week 2 day 6's qmv_rows);
+// prefill unpacks a tile of W once and uses it for every row of x. Both give the same bits.
+void product_piece(const Linear& L, const float* x, int M, int n0, int rows, float* out, int ldo) {
+  thread_local std::vector<float> tile, s, b;
+  const int K = L.K;
+  if (L.bits) {
+    const int G = K / L.group_size, words = K * L.bits / 32;
     const long first = static_cast<long>(n0) * G;
-    const float *sp = static_cast<const float*>(q.scales) + first, *bp = static_cast<const float*>(q.biases) + first;
-    if (q.st != mx::float32) {
+    // float32 scales are read where they are; others are turned into float for the piece.
+    const float *sp = static_cast<const float*>(L.scales) + first, *bp = static_cast<const float*>(L.biases) + first;
+    if (L.st != mx::float32) {
       s.resize(static_cast<size_t>(rows) * G), b.resize(static_cast<size_t>(rows) * G);
-      load_row(q.scales, q.st, first, rows * G, s.data());
-      load_row(q.biases, q.st, first, rows * G, b.data());
+      load_row(L.scales, L.st, first, rows * G, s.data());
+      load_row(L.biases, L.st, first, rows * G, b.data());
       sp = s.data(), bp = b.data();
     }
-    o.resize(NB);
-    for (int m = 0; m < p.M; ++m) {
-      qmv_rows(x.data() + static_cast<size_t>(m) * p.K, q.w + static_cast<long>(n0) * words, sp, bp, rows, p.K,
-               q.group_size, q.bits, o.data());
-      add_bias(p, n0, rows, o.data());
-      store_row(o.data(), p.xt, p.out, static_cast<long>(m) * p.N + n0, rows);
+    const uint32_t* w = static_cast<const uint32_t*>(L.w) + static_cast<long>(n0) * words;
+    if (M < DECODE_ROWS) {
+      for (int m = 0; m < M; ++m)
+        qmv_rows(x + static_cast<long>(m) * K, w, sp, bp, rows, K, L.group_size, L.bits, out + static_cast<long>(m) * ldo);
+    } else {
+      tile.resize(static_cast<size_t>(rows) * K);
+      dequantize_rows(w, sp, bp, rows, K, L.group_size, L.bits, tile.data());
+      matmul_tile(x, M, tile.data(), rows, K, out, ldo);
     }
-  });
+  } else {
+    const float* wp = static_cast<const float*>(L.w) + static_cast<long>(n0) * K;
+    if (L.wt != mx::float32) {
+      tile.resize(static_cast<size_t>(rows) * K);
+      load_row(L.w, L.wt, static_cast<long>(n0) * K, rows * K, tile.data());
+      wp = tile.data();
+    }
+    matmul_tile(x, M, wp, rows, K, out, ldo);
+  }
+  if (L.bias) {  // in float, before the one rounding to the output's dtype
+    s.resize(rows);
+    load_row(L.bias, L.bt, n0, rows, s.data());
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < rows; ++r) out[static_cast<long>(m) * ldo + r] += s[r];
+  }
 }
 
-void run_float(const Product& p, const void* w, mx::Dtype wt) {
-  const std::vector<float> x = rows_as_float(p);
-  run_tiled(p, x, [&](int n0, int rows, float* tile) {
-    if (wt == mx::float32) return static_cast<const float*>(w) + static_cast<long>(n0) * p.K;
-    load_row(w, wt, static_cast<long>(n0) * p.K, rows * p.K, tile);
-    return static_cast<const float*>(tile);
+// A product `out [M, N] = x [M, K] @ W.T (+ bias)` in `out`'s dtype, for any layout of x.
+struct Product {
+  Source x;
+  mx::Dtype xt;
+  void* out;
+  int M;
+  Linear w;
+};
+
+void run_product(const Product& p) {
+  std::vector<float> x(static_cast<size_t>(p.M) * p.w.K);
+  p.x.load(0, p.M * p.w.K, x.data());
+  const int NB = piece_rows(p.M), N = p.w.N;
+  parallel_for((N + NB - 1) / NB, [&](int t) {
+    thread_local std::vector<float> o;
+    const int n0 = t * NB, rows = std::min(NB, N - n0);
+    o.resize(static_cast<size_t>(p.M) * NB);
+    product_piece(p.w, x.data(), p.M, n0, rows, o.data(), NB);
+    for (int m = 0; m < p.M; ++m) store_row(o.data() + m * NB, p.xt, p.out, static_cast<long>(m) * N + n0, rows);
   });
 }
 
@@ -259,13 +242,12 @@ class QuantizedMatmul : public CpuPrimitive {
     auto& out = outputs[0];
     auto& enc = prepare(inputs, out);
     const auto &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
-    const bool has_bias = inputs.size() > 4;
     const int K = x.shape(-1);
-    Product p{Source(x), x.dtype(), has_bias ? inputs[4].data<void>() : nullptr,
-              has_bias ? inputs[4].dtype() : x.dtype(), out.data<void>(), static_cast<int>(x.size() / K),
-              out.shape(-1), K};
-    Quantized q{w.data<uint32_t>(), scales.data<void>(), biases.data<void>(), scales.dtype(), group_size_, bits_};
-    enc.dispatch([p, q] { run_quantized(p, q); });
+    Linear L{w.data<void>(), w.dtype(), scales.data<void>(), biases.data<void>(), scales.dtype(),
+             out.shape(-1), K, group_size_, bits_};
+    if (inputs.size() > 4) L.bias = inputs[4].data<void>(), L.bt = inputs[4].dtype();
+    Product p{Source(x), x.dtype(), out.data<void>(), static_cast<int>(x.size() / K), L};
+    enc.dispatch([p] { run_product(p); });
   }
 
  private:
@@ -281,14 +263,12 @@ class Matmul : public CpuPrimitive {
     auto& out = outputs[0];
     auto& enc = prepare(inputs, out);
     const auto &x = inputs[0], &w = inputs[1];
-    const bool has_bias = inputs.size() > 2;
     const int K = x.shape(-1);
-    Product p{Source(x), x.dtype(), has_bias ? inputs[2].data<void>() : nullptr,
-              has_bias ? inputs[2].dtype() : x.dtype(), out.data<void>(), static_cast<int>(x.size() / K),
-              out.shape(-1), K};
-    const void* wp = w.data<void>();
-    const mx::Dtype wt = w.dtype();
-    enc.dispatch([p, wp, wt] { run_float(p, wp, wt); });
+    Linear L{w.data<void>(), w.dtype()};
+    L.N = out.shape(-1), L.K = K;
+    if (inputs.size() > 2) L.bias = inputs[2].data<void>(), L.bt = inputs[2].dtype();
+    Product p{Source(x), x.dtype(), out.data<void>(), static_cast<int>(x.size() / K), L};
+    enc.dispatch([p] { run_product(p); });
   }
 };
 
@@ -360,6 +340,273 @@ class PagedAttention : public CpuPrimitive {
   int dense_start_;
 };
 
+// ---- one decoder layer of a decode step (week 2 day 7) -------------------------------------
+
+// What one decoder layer is, fixed when the model is loaded: sizes, RoPE's layout, and how each
+// of its seven projections is stored (q, k, v, o, gate, up, down: bits 0 = float weights).
+struct LayerSpec {
+  int E = 0, I = 0, Hq = 0, Hkv = 0, D = 0;
+  float eps = 1e-6f, scale = 1.0f;
+  bool traditional = false;
+  std::vector<int> bits, group_size;  // per projection
+  std::vector<bool> has_bias;         // per projection
+  bool final_norm = false;            // the model's last layer: its output goes through the final norm
+  float final_eps = 1e-6f;
+
+  bool operator==(const LayerSpec& o) const {
+    return E == o.E && I == o.I && Hq == o.Hq && Hkv == o.Hkv && D == o.D && eps == o.eps && scale == o.scale &&
+           traditional == o.traditional && bits == o.bits && group_size == o.group_size && has_bias == o.has_bias &&
+           final_norm == o.final_norm && final_eps == o.final_eps;
+  }
+};
+
+// Where the new keys go and what attention reads: a page pool `[slots, Hkv, D]` with each row's
+// page list, or a KVCache's buffers `[B, Hkv, S, D]`.
+struct Store {
+  void *keys = nullptr, *values = nullptr;
+  mx::Dtype dt = mx::float32;
+  bool paged = false;
+  const int32_t* pages = nullptr;  // paged: [B, n_pages]
+  int n_pages = 0, page_size = 1;
+  int S = 0;  // dense: the buffers' positions
+  int Hkv = 0, D = 0;
+
+  long slot(int b, int pos) const {  // in units of Hkv * D elements (paged) or D elements (dense)
+    return paged ? static_cast<long>(pages[static_cast<long>(b) * n_pages + pos / page_size]) * page_size + pos % page_size
+                 : static_cast<long>(pos);
+  }
+  long offset(int b, int h, int pos) const {  // element offset of (row b, head h, position pos)
+    return paged ? (slot(b, pos) * Hkv + h) * D : ((static_cast<long>(b) * Hkv + h) * S + pos) * D;
+  }
+};
+
+struct LayerRun {
+  LayerSpec spec;
+  Source h;
+  mx::Dtype ht = mx::float32;
+  void* out = nullptr;
+  int B = 0;
+  Store store;
+  const int32_t* positions = nullptr;  // [B]: each row's new position
+  const float *cos = nullptr, *sin = nullptr;  // [P, D / 2]
+  const float *norm1 = nullptr, *norm2 = nullptr, *final_norm = nullptr;
+  Linear lin[7];             // q, k, v, o, gate, up, down
+  bool paged_attention = true;  // week 3 day 6 is written: attention over pages by attend_paged
+};
+
+// Every piece of one or more products over the same x, for one parallel_for: (projection, n0).
+void run_products(const LayerRun& r, std::initializer_list<int> which, const float* x, float* const* outs) {
+  const int NB = piece_rows(r.B);
+  std::vector<std::pair<int, int>> pieces;
+  for (int j : which)
+    for (int n0 = 0; n0 < r.lin[j].N; n0 += NB) pieces.emplace_back(j, n0);
+  parallel_for(static_cast<int>(pieces.size()), [&](int t) {
+    const auto [j, n0] = pieces[t];
+    const Linear& L = r.lin[j];
+    product_piece(L, x, r.B, n0, std::min(NB, L.N - n0), outs[j] + n0, L.N);
+  });
+}
+
+// Rounds values through the activations' dtype, as MLX's ops would store them between primitives.
+void round_to(mx::Dtype dt, float* p, long n) {
+  if (dt == mx::float32) return;
+  thread_local std::vector<uint16_t> tmp;
+  tmp.resize(n);
+  store_row(p, dt, tmp.data(), 0, static_cast<int>(n));
+  load_row(tmp.data(), dt, 0, static_cast<int>(n), p);
+}
+
+// One new query per head over a row's positions, read through `Store`, for a starter that has
+// not written week 3 day 6 yet: the scores, their softmax, the weighted sum of the values.
+template <typename T>
+void attend_plain(const Store& s, int b, int hh, const float* q, int G, int n, float scale, float* out) {
+  std::vector<float> p(n);
+  for (int g = 0; g < G; ++g) {
+    const float* qg = q + static_cast<long>(g) * s.D;
+    float top = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      const T* k = static_cast<const T*>(s.keys) + s.offset(b, hh, j);
+      float dot = 0.0f;
+      for (int d = 0; d < s.D; ++d) dot += qg[d] * static_cast<float>(k[d]);
+      p[j] = dot * scale, top = std::max(top, p[j]);
+    }
+    for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - top));
+    float* o = out + static_cast<long>(g) * s.D;
+    std::fill(o, o + s.D, 0.0f);
+    for (int j = 0; j < n; ++j) {
+      const T* v = static_cast<const T*>(s.values) + s.offset(b, hh, j);
+      for (int d = 0; d < s.D; ++d) o[d] += p[j] / sum * static_cast<float>(v[d]);
+    }
+  }
+}
+
+template <typename T>
+void run_layer(const LayerRun& r) {
+  const LayerSpec& c = r.spec;
+  const int B = r.B, E = c.E, D = c.D, Hq = c.Hq, Hkv = c.Hkv, G = Hq / Hkv, half = D / 2;
+  std::vector<float> h(static_cast<size_t>(B) * E), xn(h.size()), q(static_cast<size_t>(B) * Hq * D),
+      k(static_cast<size_t>(B) * Hkv * D), v(k.size()), o(q.size()), proj(h.size()),
+      gate(static_cast<size_t>(B) * c.I), up(gate.size());
+  r.h.load(0, B * E, h.data());
+  // Attention: norm, q/k/v in one round of pieces, RoPE, the new keys and values into the cache.
+  for (int b = 0; b < B; ++b) add_rms_norm(h.data() + b * E, nullptr, r.norm1, E, c.eps, xn.data() + b * E);
+  round_to(r.ht, xn.data(), xn.size());
+  float* qkv[3] = {q.data(), k.data(), v.data()};
+  run_products(r, {0, 1, 2}, xn.data(), qkv);
+  for (int b = 0; b < B; ++b) {
+    const long pos = r.positions[b];
+    rope_rows(q.data() + static_cast<long>(b) * Hq * D, Hq, D, r.cos + pos * half, r.sin + pos * half, c.traditional);
+    rope_rows(k.data() + static_cast<long>(b) * Hkv * D, Hkv, D, r.cos + pos * half, r.sin + pos * half, c.traditional);
+    for (int hh = 0; hh < Hkv; ++hh) {
+      const long at = r.store.offset(b, hh, r.positions[b]), from = (static_cast<long>(b) * Hkv + hh) * D;
+      store_row(k.data() + from, r.store.dt, r.store.keys, at, D);
+      store_row(v.data() + from, r.store.dt, r.store.values, at, D);
+    }
+  }
+  round_to(r.ht, q.data(), q.size());
+  // Attention of each row's G query heads per key/value head over its positions, in place.
+  parallel_for(B * Hkv, [&](int t) {
+    const int b = t / Hkv, hh = t % Hkv;
+    const int32_t zero = 0;
+    const Store& s = r.store;
+    const long first = (static_cast<long>(b) * Hq + static_cast<long>(hh) * G) * D;
+    if (!r.paged_attention)
+      return attend_plain<T>(s, b, hh, q.data() + first, G, r.positions[b] + 1, c.scale, o.data() + first);
+    const T* keys = static_cast<const T*>(s.keys);
+    const T* values = static_cast<const T*>(s.values);
+    PagedQuery<T> pq{q.data() + (static_cast<long>(b) * Hq + static_cast<long>(hh) * G) * D, G, 1, D, D,
+                     r.positions[b], c.scale,
+                     keys + (s.paged ? static_cast<long>(hh) * D : (static_cast<long>(b) * Hkv + hh) * s.S * D),
+                     values + (s.paged ? static_cast<long>(hh) * D : (static_cast<long>(b) * Hkv + hh) * s.S * D),
+                     s.paged ? static_cast<long>(Hkv) * D : D, s.paged ? static_cast<long>(Hkv) * D : D,
+                     s.paged ? s.pages + static_cast<long>(b) * s.n_pages : &zero, s.paged ? s.page_size : s.S,
+                     o.data() + (static_cast<long>(b) * Hq + static_cast<long>(hh) * G) * D};
+    attend_paged(pq);
+  });
+  round_to(r.ht, o.data(), o.size());
+  float* po[4] = {nullptr, nullptr, nullptr, proj.data()};
+  run_products(r, {3}, o.data(), po);
+  round_to(r.ht, proj.data(), proj.size());
+  // The MLP: residual + norm in one pass, gate and up in one round of pieces, SwiGLU, down.
+  for (int b = 0; b < B; ++b) {
+    float* hb = h.data() + b * E;
+    for (int i = 0; i < E; ++i) hb[i] += proj[b * E + i];
+    round_to(r.ht, hb, E);
+    add_rms_norm(hb, nullptr, r.norm2, E, c.eps, xn.data() + b * E);
+  }
+  round_to(r.ht, xn.data(), xn.size());
+  float* gu[6] = {nullptr, nullptr, nullptr, nullptr, gate.data(), up.data()};
+  run_products(r, {4, 5}, xn.data(), gu);
+  swiglu(gate.data(), up.data(), static_cast<int>(gate.size()), gate.data());
+  round_to(r.ht, gate.data(), gate.size());
+  float* pd[7] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, proj.data()};
+  run_products(r, {6}, gate.data(), pd);
+  round_to(r.ht, proj.data(), proj.size());
+  for (int b = 0; b < B; ++b) {
+    float* hb = h.data() + b * E;
+    for (int i = 0; i < E; ++i) hb[i] += proj[b * E + i];
+    round_to(r.ht, hb, E);
+    if (r.final_norm) {
+      add_rms_norm(hb, nullptr, r.final_norm, E, c.final_eps, xn.data() + b * E);
+      std::memcpy(hb, xn.data() + b * E, sizeof(float) * E);
+    }
+  }
+  store_row(h.data(), r.ht, r.out, 0, B * E);
+}
+
+bool day_done(const std::string& day);
+
+class DecodeLayer : public CpuPrimitive {
+ public:
+  DecodeLayer(mx::Stream s, LayerSpec spec, bool paged, int page_size)
+      : CpuPrimitive(s), spec_(std::move(spec)), paged_(paged), page_size_(page_size),
+        paged_attention_(day_done("week3-day6")) {}
+  const char* name() const override { return "TinyLLMDecodeLayer"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const DecodeLayer&>(other);
+    return spec_ == o.spec_ && paged_ == o.paged_ && page_size_ == o.page_size_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape(), inputs[1].shape(), inputs[2].shape()};
+  }
+
+  // inputs: h, keys, values, pages (paged) or a placeholder, positions [B], cos, sin, norm1,
+  // norm2, then each projection's arrays (w [, scales, biases] [, bias]), then the final norm.
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto& out = outputs[0];
+    auto& enc = prepare(inputs, out);
+    // The cache's new keys and values are its old buffers with each row's new position
+    // written: the new arrays share the old ones' memory (no copy). An older array of the
+    // cache sees the write only at positions past its rows' lengths, which it never reads.
+    // (A buffer that is not one dense block, which the caches never make, is copied first.)
+    std::vector<std::pair<Source, int>> copies;  // (the old buffer, which output)
+    for (int i = 1; i <= 2; ++i) {
+      const auto& in = inputs[i];
+      if (in.flags().row_contiguous && in.data_size() == in.size()) {
+        outputs[i].copy_shared_buffer(in);
+      } else {
+        outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+        copies.emplace_back(Source(in), i);
+      }
+      enc.set_output_array(outputs[i]);
+    }
+    LayerRun r;
+    r.spec = spec_;
+    r.h = Source(inputs[0]);
+    r.ht = inputs[0].dtype();
+    r.out = out.data<void>();
+    r.B = inputs[0].shape(0);
+    const auto& keys = outputs[1];
+    Store& st = r.store;
+    st.keys = outputs[1].data<void>(), st.values = outputs[2].data<void>();
+    st.dt = keys.dtype(), st.paged = paged_;
+    st.pages = paged_ ? inputs[3].data<int32_t>() : nullptr, st.n_pages = paged_ ? inputs[3].shape(1) : 0;
+    st.page_size = page_size_, st.S = paged_ ? 0 : keys.shape(2), st.Hkv = spec_.Hkv, st.D = spec_.D;
+    r.positions = inputs[4].data<int32_t>();
+    r.paged_attention = paged_attention_;
+    r.cos = inputs[5].data<float>(), r.sin = inputs[6].data<float>();
+    r.norm1 = inputs[7].data<float>(), r.norm2 = inputs[8].data<float>();
+    size_t i = 9;
+    const int N[7] = {spec_.Hq * spec_.D, spec_.Hkv * spec_.D, spec_.Hkv * spec_.D, spec_.E, spec_.I, spec_.I, spec_.E};
+    const int K[7] = {spec_.E, spec_.E, spec_.E, spec_.Hq * spec_.D, spec_.E, spec_.E, spec_.I};
+    for (int j = 0; j < 7; ++j) {
+      Linear& L = r.lin[j];
+      L.N = N[j], L.K = K[j], L.bits = spec_.bits[j], L.group_size = spec_.group_size[j];
+      L.w = inputs[i].data<void>(), L.wt = inputs[i].dtype(), ++i;
+      if (L.bits) {
+        L.scales = inputs[i].data<void>(), L.st = inputs[i].dtype(), ++i;
+        L.biases = inputs[i].data<void>(), ++i;
+      }
+      if (spec_.has_bias[j]) L.bias = inputs[i].data<void>(), L.bt = inputs[i].dtype(), ++i;
+    }
+    r.final_norm = spec_.final_norm ? inputs[i].data<float>() : nullptr;
+    enc.dispatch([r, copies] {
+      std::vector<float> chunk(4096);
+      for (const auto& [src, i] : copies) {  // through float, a chunk at a time: exact for every float dtype
+        void* dst = i == 1 ? r.store.keys : r.store.values;
+        long n = 1;
+        for (int d : src.shape) n *= d;
+        for (long first = 0; first < n; first += 4096) {
+          const int len = static_cast<int>(std::min<long>(4096, n - first));
+          src.load(first, len, chunk.data());
+          store_row(chunk.data(), r.store.dt, dst, first, len);
+        }
+      }
+      switch (r.store.dt) {
+        case mx::float32: run_layer<float>(r); break;
+        case mx::float16: run_layer<float16_t>(r); break;
+        default: run_layer<bfloat16_t>(r);
+      }
+    });
+  }
+
+ private:
+  LayerSpec spec_;
+  bool paged_;
+  int page_size_;
+  bool paged_attention_;
+};
+
 // ---- building the ops ----------------------------------------------------------------------
 
 void probe(const std::string& day);
@@ -368,11 +615,21 @@ void probe(const std::string& day);
 // otherwise throw on MLX's stream thread, where nothing can catch it. Checked once per day,
 // here, when the op is built (its NotImplementedError reaches Python at once).
 void ensure(const std::string& day) {
-  static std::atomic<bool> week2{false}, week3{false};
-  std::atomic<bool>& done = day == "week2-day6" ? week2 : week3;
+  static std::atomic<bool> week2{false}, week2_7{false}, week3{false};
+  std::atomic<bool>& done = day == "week2-day6" ? week2 : day == "week2-day7" ? week2_7 : week3;
   if (!done.load()) {
     probe(day);
     done.store(true);
+  }
+}
+
+// Whether a day's functions are written (a starter's stubs throw NotImplemented), asked once.
+bool day_done(const std::string& day) {
+  try {
+    ensure(day);
+    return true;
+  } catch (const NotImplemented&) {
+    return false;
   }
 }
 
@@ -469,6 +726,58 @@ mx::array dense_attention(const mx::array& q, const mx::array& keys, const mx::a
   return mx::array(shape, q.dtype(), std::make_shared<PagedAttention>(stream, 1, scale, true, start), inputs);
 }
 
+// One decoder layer of a decode step as one primitive: `h [B, 1, E]` -> (the layer's output
+// `[B, 1, E]`, the keys and values with row b's new position `positions[b]` written). `keys`
+// and `values` are a page pool `[slots, Hkv, D]` (with `pages [B, n]`) or a KVCache's buffers
+// `[B, Hkv, S, D]` (pages: None); `cos`/`sin [P, D / 2]` hold RoPE's angles of positions
+// 0 .. P - 1. `weights`: norm1, norm2, each projection's arrays as `spec` says, the final norm.
+std::vector<mx::array> decode_layer(const mx::array& h, const mx::array& keys, const mx::array& values,
+                                    std::optional<mx::array> pages, const mx::array& positions, const mx::array& cos,
+                                    const mx::array& sin, const std::vector<mx::array>& weights, const LayerSpec& spec,
+                                    int page_size, mx::StreamOrDevice s) {
+  const mx::Stream stream = cpu_stream(s);
+  ensure("week2-day6");
+  ensure("week2-day7");
+  check(h.ndim() == 3 && h.shape(1) == 1 && h.shape(2) == spec.E && is_float(h.dtype()), "h must be a float array [B, 1, E]");
+  const int B = h.shape(0);
+  const bool paged = pages.has_value();
+  check(is_float(keys.dtype()) && values.dtype() == keys.dtype() && keys.shape() == values.shape(),
+        "keys and values must be float arrays of one dtype and shape");
+  if (paged) {
+    check(keys.ndim() == 3 && keys.shape(1) == spec.Hkv && keys.shape(2) == spec.D, "a pool must be [slots, Hkv, D]");
+    check(pages->ndim() == 2 && pages->dtype() == mx::int32 && pages->shape(0) == B, "pages must be int32 [B, n]");
+    check(page_size >= 1, "page_size must be at least 1");
+  } else {
+    check(keys.ndim() == 4 && keys.shape(0) == B && keys.shape(1) == spec.Hkv && keys.shape(3) == spec.D,
+          "a KVCache's buffers must be [B, Hkv, S, D]");
+  }
+  check(positions.ndim() == 1 && positions.dtype() == mx::int32 && positions.shape(0) == B, "positions must be int32 [B]");
+  check(cos.ndim() == 2 && cos.dtype() == mx::float32 && cos.shape(1) == spec.D / 2 && sin.shape() == cos.shape() &&
+            sin.dtype() == mx::float32,
+        "cos and sin must be float32 [P, D / 2]");
+  size_t expected = 2 + (spec.final_norm ? 1 : 0);
+  for (int j = 0; j < 7; ++j) expected += (spec.bits[j] ? 3 : 1) + (spec.has_bias[j] ? 1 : 0);
+  check(weights.size() == expected, "weights do not match the layer's spec");
+  std::vector<mx::array> inputs{h, keys, values,
+                                paged ? contiguous(*pages, stream) : positions, contiguous(positions, stream),
+                                contiguous(cos, stream), contiguous(sin, stream)};
+  for (const auto& w : weights) inputs.push_back(contiguous(w, stream));
+  return mx::array::make_arrays({h.shape(), keys.shape(), values.shape()}, {h.dtype(), keys.dtype(), values.dtype()},
+                                std::make_shared<DecodeLayer>(stream, spec, paged, page_size), inputs);
+}
+
+LayerSpec layer_spec(int E, int I, int Hq, int Hkv, int D, float eps, float scale, bool traditional,
+                     std::vector<int> bits, std::vector<int> group_size, std::vector<bool> has_bias, bool final_norm,
+                     float final_eps) {
+  check(E > 0 && I > 0 && Hq > 0 && Hkv > 0 && D > 0 && D % 2 == 0 && Hq % Hkv == 0, "bad layer sizes");
+  check(bits.size() == 7 && group_size.size() == 7 && has_bias.size() == 7, "seven projections: q, k, v, o, gate, up, down");
+  for (int j = 0; j < 7; ++j)
+    check(bits[j] == 0 || ((bits[j] == 4 || bits[j] == 8) && (group_size[j] == 32 || group_size[j] == 64 || group_size[j] == 128)),
+          "a projection is float (bits 0) or 4/8-bit in groups of 32, 64 or 128");
+  return LayerSpec{E, I, Hq, Hkv, D, eps, scale, traditional, std::move(bits), std::move(group_size),
+                   std::move(has_bias), final_norm, final_eps};
+}
+
 // Runs a day's functions on a few numbers, at once and on this thread, so that a day not
 // written yet is found before any graph is built (its error would otherwise surface on
 // MLX's stream thread).
@@ -479,6 +788,11 @@ void probe(const std::string& day) {
     dequantize_rows(w.data(), s.data(), b.data(), 1, 32, 32, 4, out.data());
     qmv_rows(x.data(), w.data(), s.data(), b.data(), 1, 32, 32, 4, y.data());
     matmul_tile(x.data(), 1, out.data(), 1, 32, y.data(), 1);
+  } else if (day == "week2-day7") {
+    std::vector<float> h(4, 1.0f), w(4, 1.0f), out(4), c(2, 1.0f), z(2, 0.0f);
+    add_rms_norm(h.data(), nullptr, w.data(), 4, 1e-6f, out.data());
+    rope_rows(h.data(), 1, 4, c.data(), z.data(), false);
+    swiglu(h.data(), w.data(), 4, out.data());
   } else if (day == "week3-day6") {
     std::vector<float> q(4, 1.0f), kv(4, 1.0f), out(4);
     std::vector<int32_t> pages{0};
@@ -511,6 +825,11 @@ NB_MODULE(_ext, m) {
         "scale"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("dense_attention", &dense_attention, "q"_a, "keys"_a, "values"_a, "start"_a, "scale"_a, nb::kw_only(),
         "stream"_a = nb::none());
+  nb::class_<LayerSpec>(m, "LayerSpec");
+  m.def("layer_spec", &layer_spec, "E"_a, "I"_a, "Hq"_a, "Hkv"_a, "D"_a, "eps"_a, "scale"_a, "traditional"_a, "bits"_a,
+        "group_size"_a, "has_bias"_a, "final_norm"_a, "final_eps"_a);
+  m.def("decode_layer", &decode_layer, "h"_a, "keys"_a, "values"_a, "pages"_a.none(), "positions"_a, "cos"_a, "sin"_a,
+        "weights"_a, "spec"_a, "page_size"_a, nb::kw_only(), "stream"_a = nb::none());
   m.def("probe", &probe, "day"_a);
   m.def("num_threads", &num_threads);
   m.def("set_num_threads", &set_num_threads, "n"_a);
