@@ -38,15 +38,22 @@ How it is measured:
   position is prefill in tiny-llm but the first decode step in mlx-lm: 1/--max-tokens of
   the decode time goes to mlx-lm's disadvantage, 1/--prompt-tokens of prefill to tiny-llm's.)
 - One warm-up generation (short prompt, 4 tokens), then --repeats measured ones; medians.
-- Bandwidth bound: the parent times `a + 1` over a 512 MB float32 array (read + write
-  bytes). A decode step reads every weight once (a tied head reads the whole embedding
-  table; quantized weights count packed values, scales and biases), so B = 1 cannot beat
-  bandwidth / weight bytes tok/s; "of bound" is decode tok/s / (B x that bound).
+- The roof: the parent measures the copy bandwidth (numpy copying 512 MB, one thread per
+  core; read + written bytes). A decode step reads every weight once (a tied head reads the
+  whole embedding table; quantized weights count packed values, scales and biases), so
+  B = 1 cannot beat bandwidth / weight bytes tok/s; "of roof" is decode tok/s / that roof
+  (at B > 1 the same weights serve B rows: B x the roof).
+- `--peer llama.cpp` (`make bench-peers`): llama.cpp on the default model's own GGUF (the
+  same Q4_1 weights), built once by `scripts/peers.py build`: `llama-bench -p P -n N -t T`
+  (B = 1) and `llama-batched-bench -npp P -ntg N -npl 1,8` (B = 1 and 8), printed beside
+  tiny-llm's smollm2-4bit rows with the ratios tiny-llm / llama.cpp (targets >= 0.9 at
+  B = 1, >= 1.0 at B = 8). Its threads spin: measure on a quiet machine.
 """
 
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -342,16 +349,29 @@ def run_worker(config: str, impl: str, batch: int, args, model_dir: Path | None)
         return dict(config=config, impl=impl, batch=batch, error=f"worker failed (exit {proc.returncode})")
 
 
-def measure_bandwidth(repeats: int = 7) -> float:
-    """GB/s of `a + 1` over a 512 MB float32 array (bytes read + written), median of runs."""
-    a = mx.ones((128 * 2**20,), dtype=mx.float32)
-    mx.eval(a)
+def measure_bandwidth(repeats: int = 7, threads: int | None = None) -> float:
+    """The machine's copy bandwidth in GB/s (bytes read + written), median of runs: 512 MB
+    copied by numpy on one thread per core, each copying its own slice (numpy lets go of
+    the GIL while it copies). A copy is the most a decode step can do with its weights: it
+    reads every byte once. (MLX's `a + 1` on the CPU measures far less: not a roof.)"""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = threads or os.cpu_count() or 1
+    src = np.ones(128 * 2**20, dtype=np.float32)
+    dst = np.empty_like(src)
+    cuts = np.linspace(0, src.size, threads + 1).astype(int)
+
+    def part(i):
+        np.copyto(dst[cuts[i]:cuts[i + 1]], src[cuts[i]:cuts[i + 1]])
+
     times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        mx.eval(a + 1)
-        times.append(time.perf_counter() - start)
-    return 2 * a.nbytes / statistics.median(times[1:]) / 1e9
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            list(pool.map(part, range(threads)))
+            times.append(time.perf_counter() - start)
+    return 2 * src.nbytes / statistics.median(times[1:]) / 1e9
 
 
 def ratio(tiny: dict, mlx: dict, key: str) -> float | None:
@@ -366,14 +386,14 @@ def fmt(value: float | None, spec: str, width: int = 0, miss: bool = False, unit
 
 
 HEADER = (f"{'':24s} {'':>2s} | {'prefill tok/s':^22s} | {'TTFT s':^13s} | {'decode tok/s':^22s} | "
-          f"{'peak GB':^20s} | {'of bound':^11s}\n"
+          f"{'peak GB':^20s} | {'of roof':^11s}\n"
           f"{'configuration':24s} {'B':>2s} | {'tiny':>7s} {'mlx-lm':>7s} {'ratio':>6s} | {'tiny':>6s} {'mlx-lm':>6s} | "
           f"{'tiny':>7s} {'mlx-lm':>7s} {'ratio':>6s} | {'tiny':>6s} {'mlx-lm':>6s} {'ratio':>6s} | "
           f"{'tiny':>5s} {'mlx':>5s}")
 
 
 def bound_fraction(median: dict, row: dict) -> float | None:
-    """Decode tok/s as a fraction of B x the bandwidth bound."""
+    """Decode tok/s as a fraction of B x the copy-bandwidth roof."""
     bound = row.get("bound_tps")
     return median["decode_tps"] / (row["batch"] * bound) if bound and "decode_tps" in median else None
 
@@ -424,7 +444,7 @@ def bench_config(config: str, args, batches: list[int], bandwidth: float, model_
     known = next((r for r in rows if "bound_tps" in r), None)
     if known:
         notes.append(f"{known['weight_bytes'] / 1e6:.1f} MB of weights read per decode step, "
-                     f"bound {known['bound_tps']:.1f} tok/s at B = 1")
+                     f"roof {known['bound_tps']:.1f} tok/s at B = 1")
     if 1 in by_batch:
         notes.append(greedy_check(by_batch[1]["tiny"], by_batch[1]["mlx"]))
     for batch in (b for b in batches if b > 1 and 1 in by_batch):
@@ -433,6 +453,39 @@ def bench_config(config: str, args, batches: list[int], bandwidth: float, model_
         notes.append(f"decode throughput B = {batch} / B = 1: tiny-llm {fmt(scaling['tiny'], '.2f', miss=miss, unit='x')} "
                      f"(target >= {SCALING_TARGET:g}x), mlx-lm {fmt(scaling['mlx'], '.2f', unit='x')}")
     return rows, notes
+
+
+def run_peer(args, batches: list[int], results: list[dict]) -> dict | None:
+    """llama.cpp on the default model's GGUF, printed beside tiny-llm's smollm2-4bit rows."""
+    import peers
+
+    if peers.built() is None:
+        print("llama.cpp: not built (run `python scripts/peers.py build`, ~8 minutes); no peer numbers")
+        return None
+    try:
+        single = peers.llama_bench(args.prompt_tokens, args.max_tokens, args.threads, args.repeats)
+        batched = peers.llama_batched_bench(args.prompt_tokens, args.max_tokens, batches, args.threads)
+    except (peers.BuildError, OSError, subprocess.TimeoutExpired, ValueError) as e:
+        print(f"llama.cpp: {e}")
+        return None
+    print(f"\nllama.cpp {peers.LLAMA_CPP_PYTHON} (llama-cpp-python's vendored source), {args.threads} threads, "
+          f"the same GGUF; ratio = tiny-llm / llama.cpp (targets: decode >= 0.9 at B = 1, >= 1.0 at B = 8; "
+          f"prefill >= 1.0)")
+    print(f"{'':22s} {'B':>2s} | {'prefill tok/s':^22s} | {'decode tok/s':^22s}")
+    print(f"{'':22s} {'':>2s} | {'tiny':>7s} {'llama':>7s} {'ratio':>6s} | {'tiny':>7s} {'llama':>7s} {'ratio':>6s}")
+    ours = {r["batch"]: r["tiny"].get("median", {}) for r in results if r["config"] == "smollm2-4bit"}
+    rows = [("llama-bench", 1, single)] + [("llama-batched-bench", b, batched.get(b, {})) for b in batches]
+    peer = dict(version=peers.LLAMA_CPP_PYTHON, threads=args.threads, rows=[])
+    for tool, b, theirs in rows:
+        mine = ours.get(b, {})
+        r_pre = mine.get("prefill_tps") / theirs["prefill_tps"] if mine.get("prefill_tps") and theirs.get("prefill_tps") else None
+        r_dec = mine.get("decode_tps") / theirs["decode_tps"] if mine.get("decode_tps") and theirs.get("decode_tps") else None
+        target = 0.9 if b == 1 else 1.0
+        print(f"{tool:22s} {b:2d} | {fmt(mine.get('prefill_tps'), '.1f', 7)} {fmt(theirs.get('prefill_tps'), '.1f', 7)} "
+              f"{fmt(r_pre, '.2f', 6, r_pre is not None and r_pre < 1.0)} | {fmt(mine.get('decode_tps'), '.1f', 7)} "
+              f"{fmt(theirs.get('decode_tps'), '.1f', 7)} {fmt(r_dec, '.2f', 6, r_dec is not None and r_dec < target)}")
+        peer["rows"].append(dict(tool=tool, batch=b, llama_cpp=theirs, ratio_prefill=r_pre, ratio_decode=r_dec))
+    return peer
 
 
 def main(argv=None) -> int:
@@ -444,6 +497,9 @@ def main(argv=None) -> int:
     add_run_arguments(parser, repeats=3, quick="smollm2-4bit, B 1 and 2, 16 + 8 tokens, 1 repeat")
     parser.add_argument("--ablation", action="store_true",
                         help="instead: tiny-llm's default model at B = 1, each mx.fast kernel switched on in turn")
+    parser.add_argument("--peer", choices=["llama.cpp"], default=None,
+                        help="also run llama.cpp on the default model's GGUF (built by scripts/peers.py build)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads (--peer)")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "IMPL", "B"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -477,12 +533,12 @@ def main(argv=None) -> int:
                  + "; tiny-llm: one SamplingParams per row (seed = row, order mlx-lm), "
                    "mlx-lm: one shared make_sampler")
     print(f"{info['processor']}, {info['cpu_count']} CPUs, {info['platform']}; MLX {info['mlx']} ({info['device']}), "
-          f"mlx-lm {info['mlx_lm']}; memory bandwidth {info['bandwidth_gbs']:.1f} GB/s (a + 1, 512 MB float32)")
+          f"mlx-lm {info['mlx_lm']}; copy bandwidth {info['bandwidth_gbs']:.1f} GB/s (numpy, {os.cpu_count()} threads, 512 MB)")
     print(f"prompt {args.prompt_tokens} tokens, {args.max_tokens} new tokens (EOS bias -inf), median of "
           f"{args.repeats} after one warm-up, each (configuration, implementation, B) in its own process")
     print(f"sampling: B = 1 {info['sampling_b1']}; B > 1 {info['sampling_batch']}")
     print(f"ratio = tiny-llm / mlx-lm, '!' misses the target (speed >= {SPEED_TARGET}, memory <= {MEMORY_TARGET}); "
-          f"of bound = decode tok/s / (B x bandwidth / weight bytes per step)")
+          f"of roof = decode tok/s / (B x copy bandwidth / weight bytes per step)")
     if args.ablation:
         print(f"ablation: smollm2-4bit, B = 1, greedy, tiny-llm only; median of {args.repeats}")
         rows = run_ablation(args)
@@ -499,10 +555,11 @@ def main(argv=None) -> int:
             rows, notes[config] = bench_config(config, args, batches, info["bandwidth_gbs"],
                                                model_dir if CONFIGS[config][0] == "random" else None)
             results += rows
+    peer = run_peer(args, batches, results) if args.peer else None
     for config, lines in notes.items():
         for line in lines:
             print(f"{config}: {line}")
-    write_json(args.json, info=info, results=results, notes=notes)
+    write_json(args.json, info=info, results=results, notes=notes, peer=peer)
     return 0
 
 

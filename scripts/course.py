@@ -22,6 +22,8 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "week2-day5": ("week2-day4",),  # continuous batching
     # Our own quantized matrix product (C++): greedy tokens of the default model vs mlx-lm.
     "week2-day6": ("week2-day2",),
+    # The step's overhead (C++): each decoder layer of a decode step as one primitive, on day 6's products.
+    "week2-day7": ("week2-day6",),
     "week3-day1": ("week2-day2",),  # speculative decoding: the cache and its trim
     "week3-day2": ("week2-day5",),  # the batch engine on pages, compared with the dense batch
     "week3-day3": ("week3-day2",),  # the prefix cache shares pages
@@ -77,6 +79,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_batch.py": ("week2-day5",),
     "tests/test_beam_search.py": ("week2-day2",),
     "tests/test_speculative.py": ("week3-day1",),
+    # The fused decode step on pages: batches, shared pages, seeded rows alone and together.
+    "tests/test_fused_step.py": ("week2-day7", "week3-day2"),
     "tests/test_cli.py": ("week2-day3", "week2-day5", "week3-day1", "week3-day3"),
     "tests/test_progress.py": ("week2-day3", "week2-day4"),
     # The server runs on the batch engine (week 2, days 4 and 5); its replies count the prompt

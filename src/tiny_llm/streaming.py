@@ -165,6 +165,23 @@ def open_request(
     return Generation(prompt, max_tokens, cache, reused=table.length, prefix_cache=prefix_cache, table=table)
 
 
+@dataclass
+class StepTimes:
+    """Where generation's time goes (`stream_generate(..., step_times=...)`), each part
+    evaluated on its own so that lazy evaluation moves no time from one part to another:
+    `model` (the forward passes, up to their logits), `sampling` (from the logits to the
+    token), in seconds, over `steps` forward passes. The rest of a step is the host's
+    (building graphs, detokenizing, the caller's own work). Evaluating each part separately
+    gives up the overlap of the next step with the host's work: use it to see the split."""
+
+    steps: int = 0
+    model: float = 0.0
+    sampling: float = 0.0
+
+    def copy(self) -> "StepTimes":
+        return StepTimes(self.steps, self.model, self.sampling)
+
+
 @dataclass(frozen=True)
 class TokenChoice:
     """How `generate_step` chooses `stream_generate`'s tokens: its `sampler` and
@@ -191,20 +208,22 @@ def choose_tokens(
     sampler: SamplerFunction | None,
     logits_processors: Sequence[LogitsProcessor] | None,
     params: SamplingParams | Sampler | None,
+    times: StepTimes | None = None,
 ) -> TokenChoice:
     """Tokens from `sampler` (a function of log-probabilities) after `logits_processors`,
-    or from the sampling engine (`params`), which sees the whole history."""
+    or from the sampling engine (`params`), which sees the whole history. `times`: where
+    each step's time goes (the engine's path only)."""
     processors = request.processors(logits_processors)
     if params is None:
         return TokenChoice(sampler, processors)
     if sampler is not None:
         raise ValueError("pass either sampler or params, not both")
-    sample, record, confirm = _engine_sampler(params, tokenizer, request.prompt.tolist())
+    sample, record, confirm = _engine_sampler(params, tokenizer, request.prompt.tolist(), times)
     return TokenChoice(sample, [*processors, record], confirm)
 
 
 def _engine_sampler(
-    params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int]
+    params: SamplingParams | Sampler, tokenizer: Tokenizer, prompt: list[int], times: StepTimes | None = None
 ) -> tuple[SamplerFunction, LogitsProcessor, Callable[[], None]]:
     """Adapt the engine to generate_step: a last logits processor hands it the logits (its
     repetition penalty acts on logits, not on normalised log-probabilities), and the
@@ -221,13 +240,22 @@ def _engine_sampler(
 
     def record(_tokens: mx.array, logits: mx.array) -> mx.array:
         seen[:] = [logits]
+        if times is not None:  # the forward pass alone, up to its logits
+            start = time.perf_counter()
+            mx.eval(logits)
+            times.steps += 1
+            times.model += time.perf_counter() - start
         return logits
 
     def sample(_logprobs: mx.array) -> mx.array:
+        start = time.perf_counter()
         if needs_history:  # the penalties look at every token so far
             history.extend(int(t.item()) for t in drawn)
             drawn.clear()
         token, confirm = engine.sample_lazily(seen[0], [history] if needs_history else None)
+        if times is not None:  # from the logits to the token
+            mx.eval(token)
+            times.sampling += time.perf_counter() - start
         drawn.append(token)
         checks.append(confirm)
         return token

@@ -82,9 +82,10 @@ def kernel_notes(args) -> None:
     ext = kernels.extension() if kernels.enabled() else None
     if ext is not None and mx.default_device() == mx.cpu:
         paged = getattr(args, "command", None) in ("batch", "chat", "serve")  # the commands on pages
-        for day, what in (("week2-day6", "the matrix products"), ("week3-day6", "attention over pages")):
-            if (day == "week2-day6" or paged) and not kernels.active(day):
-                note_once(f"{day} is not implemented yet: {what} run on MLX ops (as with --no-kernels)")
+        for day, what in (("week2-day6", "the matrix products run"), ("week2-day7", "each decode step runs layer by layer"),
+                          ("week3-day6", "attention over pages runs")):
+            if (day != "week3-day6" or paged) and not kernels.active(day):
+                note_once(f"{day} is not implemented yet: {what} on MLX ops (as with --no-kernels)")
 
 
 def kv_cache(args) -> bool:
@@ -151,9 +152,11 @@ def prompt_tokens(model, tokenizer, text: str, args) -> list[int]:
     return tokens
 
 
-def print_stats(response, sampler=None) -> None:
+def print_stats(response, sampler=None, timing: dict | None = None) -> None:
     if response is None:
         return
+    if timing and "first" in timing:
+        print_step_times(*timing["first"], *timing["last"])
     if sampler is not None and sampler.stats.draws:
         ms = 1000 * sampler.stats.seconds / sampler.stats.draws
         print(f"sampling: {sampler.stats.draws} draws, {sampler.stats.seconds:.3f} s in total, "
@@ -194,22 +197,31 @@ class PrefillProgress:
 
 
 def stream(model, tokenizer, prompt: list[int], args, *, sampler, pieces: list[str] | None = None,
-           speculative=None, prefix_cache=None):
+           speculative=None, prefix_cache=None, timing: dict | None = None):
     """Print the reply as it is produced; return (reply text, last response). The text so
     far is also appended to `pieces`, so that it survives a Ctrl-C. `speculative`: the
-    keyword arguments of speculative decoding, with `sampler` then a SamplingParams."""
+    keyword arguments of speculative decoding, with `sampler` then a SamplingParams.
+    `timing` (a dict): filled with where the decode steps' time went (`print_stats` shows it)."""
     from ..generate import stream_generate
+
+    from ..streaming import StepTimes
 
     pieces = [] if pieces is None else pieces
     last, shown = None, []
     cached = None if speculative else kv_cache(args)  # speculative decoding makes its own caches
     progress = PrefillProgress(sys.stderr.isatty(), args.verbose)
+    # Where each decode step's time goes, between the first token and the last.
+    times = StepTimes() if timing is not None and not speculative else None
     for response in stream_generate(model, tokenizer, prompt, args.max_tokens, params=sampler,
                                     prefill_step_size=args.prefill_step_size, kv_cache=cached,
-                                    prefix_cache=prefix_cache, prompt_progress=progress, **(speculative or {})):
+                                    prefix_cache=prefix_cache, prompt_progress=progress, **(speculative or {}),
+                                    **({"step_times": times} if times is not None else {})):
         print(response.text, end="", flush=True)
         pieces.append(response.text)
         last = response
+        if times is not None:
+            timing.setdefault("first", (time.perf_counter(), times.copy()))
+            timing["last"] = (time.perf_counter(), times.copy())
         if args.logprobs:
             shown.append((response.token, response.logprobs))
     if shown:
@@ -221,3 +233,16 @@ def stream(model, tokenizer, prompt: list[int], args, *, sampler, pieces: list[s
             alts = ", ".join(f"{tokenizer.decode([t])!r} {logprobs[t].item():.2f}" for t in top)
             print(f"  {tokenizer.decode([token])!r:>16} {logprobs[token].item():7.2f}   [{alts}]", file=sys.stderr)
     return "".join(pieces), last
+
+
+def print_step_times(t0: float, first, t1: float, last) -> None:
+    """One line: the decode steps' mean time, split into model, sampling and host."""
+    steps = last.steps - first.steps
+    if steps < 1:
+        return
+    model, sampling = (last.model - first.model) / steps, (last.sampling - first.sampling) / steps
+    total = (t1 - t0) / steps
+    host = max(total - model - sampling, 0.0)
+    print(f"decode step: {1000 * total:.2f} ms = model {1000 * model:.2f} ({model / total:.0%}) + sampling "
+          f"{1000 * sampling:.2f} ({sampling / total:.0%}) + host {1000 * host:.2f} ({host / total:.0%}), "
+          f"over {steps} steps, each part evaluated on its own", file=sys.stderr)

@@ -55,10 +55,11 @@ def run(args: argparse.Namespace) -> None:
                   file=sys.stderr)
         return
     engine = sampler(args, params, tokenizer)
-    _, last = stream(model, tokenizer, prompt, args, sampler=engine)
+    timing = {} if args.verbose else None
+    _, last = stream(model, tokenizer, prompt, args, sampler=engine, timing=timing)
     print(flush=True)
     if args.verbose:
-        print_stats(last, engine)
+        print_stats(last, engine, timing)
 
 
 def check_beams(args: argparse.Namespace, params) -> None:
