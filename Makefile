@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
 
-.PHONY: setup demo test test-mlx-ops book plots screenshot-chat bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after clean
+.PHONY: setup demo test test-mlx-ops book plots screenshot-chat bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after bench-peers clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,15 @@ bench-prefix: setup
 # Tensor parallelism: 1 rank against 2 (mlx.launch on 127.0.0.1), beside mlx-lm (QUICK=1: smoke run).
 bench-distributed: setup
 	$(PY) scripts/bench_distributed.py $(if $(QUICK),--quick,)
+
+# llama.cpp beside tiny-llm on the default model's own GGUF (the same Q4_1 weights): built once
+# from source into the cache folder (~8 minutes; optional, never part of make test or CI), then
+# generation at B = 1 and 8 and serving (16 streamed chat requests, 48 tokens, C = 1 and 8).
+# Its threads spin: run it on a quiet machine.
+bench-peers: setup
+	$(PY) scripts/peers.py build
+	$(PY) scripts/bench_generate.py --configs smollm2-4bit --batch 1,8 --peer llama.cpp
+	$(PY) scripts/bench_serve.py --peer llama.cpp --seeds no --concurrency 1,8 --requests 16 --max-tokens 48
 
 # Sampling and decoding of the working tree against an earlier commit, interleaved in one
 # process (BEFORE=rev; for changes that should not alter speed).

@@ -38,8 +38,8 @@ How it is measured:
   position is prefill in tiny-llm but the first decode step in mlx-lm: 1/--max-tokens of
   the decode time goes to mlx-lm's disadvantage, 1/--prompt-tokens of prefill to tiny-llm's.)
 - One warm-up generation (short prompt, 4 tokens), then --repeats measured ones; medians.
-- The roof: the parent measures the copy bandwidth (numpy copying 512 MB, one thread per
-  core; read + written bytes). A decode step reads every weight once (a tied head reads the
+- The roof: the parent measures the rate a copy reads at (numpy copying 512 MB, one thread
+  per core; bytes read per second). A decode step reads every weight once (a tied head reads the
   whole embedding table; quantized weights count packed values, scales and biases), so
   B = 1 cannot beat bandwidth / weight bytes tok/s; "of roof" is decode tok/s / that roof
   (at B > 1 the same weights serve B rows: B x the roof).
@@ -287,8 +287,7 @@ def worker(config: str, impl: str, batch: int, args) -> dict:
     else:
         model, tokenizer = load(config, impl, args.model_dir)
     out["load_s"] = time.perf_counter() - start
-    if impl == "mlx":
-        out["weight_bytes"] = weight_bytes(model)
+    out["weight_bytes"] = weight_bytes(model) if impl == "mlx" else model.weight_bytes
     prompts = prompt_rows(config, args.prompt_tokens, batch)
 
     def run(rows, max_tokens):
@@ -350,10 +349,11 @@ def run_worker(config: str, impl: str, batch: int, args, model_dir: Path | None)
 
 
 def measure_bandwidth(repeats: int = 7, threads: int | None = None) -> float:
-    """The machine's copy bandwidth in GB/s (bytes read + written), median of runs: 512 MB
+    """The bytes per second a multi-threaded copy reads, in GB/s, median of runs: 512 MB
     copied by numpy on one thread per core, each copying its own slice (numpy lets go of
-    the GIL while it copies). A copy is the most a decode step can do with its weights: it
-    reads every byte once. (MLX's `a + 1` on the CPU measures far less: not a roof.)"""
+    the GIL while it copies). A decode step reads every weight once and writes next to
+    nothing, so the rate a copy reads at is its roof. (MLX's `a + 1` on the CPU measures far
+    less: not a roof.)"""
     import numpy as np
     from concurrent.futures import ThreadPoolExecutor
 
@@ -371,7 +371,7 @@ def measure_bandwidth(repeats: int = 7, threads: int | None = None) -> float:
             start = time.perf_counter()
             list(pool.map(part, range(threads)))
             times.append(time.perf_counter() - start)
-    return 2 * src.nbytes / statistics.median(times[1:]) / 1e9
+    return src.nbytes / statistics.median(times[1:]) / 1e9
 
 
 def ratio(tiny: dict, mlx: dict, key: str) -> float | None:
@@ -393,7 +393,7 @@ HEADER = (f"{'':24s} {'':>2s} | {'prefill tok/s':^22s} | {'TTFT s':^13s} | {'dec
 
 
 def bound_fraction(median: dict, row: dict) -> float | None:
-    """Decode tok/s as a fraction of B x the copy-bandwidth roof."""
+    """Decode tok/s as a fraction of B x the read-bandwidth roof."""
     bound = row.get("bound_tps")
     return median["decode_tps"] / (row["batch"] * bound) if bound and "decode_tps" in median else None
 
@@ -431,13 +431,15 @@ def bench_config(config: str, args, batches: list[int], bandwidth: float, model_
     rows, notes = [], []
     for batch in batches:
         tiny = run_worker(config, "tiny", batch, args, model_dir)
-        mlx = run_worker(config, "mlx", batch, args, model_dir)
+        mlx = (run_worker(config, "mlx", batch, args, model_dir) if "mlx" in args.impls
+               else dict(config=config, impl="mlx", batch=batch, error="not run (--impls)"))
         row = dict(config=config, batch=batch, tiny=tiny, mlx=mlx,
                    ratio_prefill=ratio(tiny, mlx, "prefill_tps"), ratio_decode=ratio(tiny, mlx, "decode_tps"),
                    ratio_peak=ratio(tiny, mlx, "peak_gb"))
-        if "weight_bytes" in mlx:
-            row["weight_bytes"] = mlx["weight_bytes"]
-            row["bound_tps"] = bandwidth * 1e9 / mlx["weight_bytes"]
+        known = mlx if "weight_bytes" in mlx else tiny
+        if "weight_bytes" in known:
+            row["weight_bytes"] = known["weight_bytes"]
+            row["bound_tps"] = bandwidth * 1e9 / known["weight_bytes"]
         rows.append(row)
         print(table_row(row), flush=True)
     by_batch = {r["batch"]: r for r in rows}
@@ -499,6 +501,8 @@ def main(argv=None) -> int:
                         help="instead: tiny-llm's default model at B = 1, each mx.fast kernel switched on in turn")
     parser.add_argument("--peer", choices=["llama.cpp"], default=None,
                         help="also run llama.cpp on the default model's GGUF (built by scripts/peers.py build)")
+    parser.add_argument("--impls", default="tiny,mlx",
+                        help="comma list of tiny, mlx: which libraries to run (default both; mlx-lm's B = 8 takes minutes)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads (--peer)")
     parser.add_argument("--worker", nargs=3, metavar=("CONFIG", "IMPL", "B"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
@@ -522,6 +526,9 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown configurations {unknown}: choose from {', '.join(CONFIGS)}")
     batches = [int(b) for b in args.batch.split(",")]
+    args.impls = [i.strip() for i in args.impls.split(",")]
+    if not set(args.impls) <= {"tiny", "mlx"} or "tiny" not in args.impls:
+        parser.error(f"--impls must list tiny, and may list mlx, got {','.join(args.impls)}")
     if args.max_tokens < 2 or args.prompt_tokens < 1 or args.repeats < 1 or min(batches) < 1:
         parser.error("need --max-tokens >= 2, --prompt-tokens >= 1, --repeats >= 1 and batch sizes >= 1")
 
@@ -533,12 +540,13 @@ def main(argv=None) -> int:
                  + "; tiny-llm: one SamplingParams per row (seed = row, order mlx-lm), "
                    "mlx-lm: one shared make_sampler")
     print(f"{info['processor']}, {info['cpu_count']} CPUs, {info['platform']}; MLX {info['mlx']} ({info['device']}), "
-          f"mlx-lm {info['mlx_lm']}; copy bandwidth {info['bandwidth_gbs']:.1f} GB/s (numpy, {os.cpu_count()} threads, 512 MB)")
+          f"mlx-lm {info['mlx_lm']}; read bandwidth {info['bandwidth_gbs']:.1f} GB/s (a numpy copy of 512 MB on "
+          f"{os.cpu_count()} threads, bytes read)")
     print(f"prompt {args.prompt_tokens} tokens, {args.max_tokens} new tokens (EOS bias -inf), median of "
           f"{args.repeats} after one warm-up, each (configuration, implementation, B) in its own process")
     print(f"sampling: B = 1 {info['sampling_b1']}; B > 1 {info['sampling_batch']}")
     print(f"ratio = tiny-llm / mlx-lm, '!' misses the target (speed >= {SPEED_TARGET}, memory <= {MEMORY_TARGET}); "
-          f"of roof = decode tok/s / (B x copy bandwidth / weight bytes per step)")
+          f"of roof = decode tok/s / (B x read bandwidth / weight bytes per step)")
     if args.ablation:
         print(f"ablation: smollm2-4bit, B = 1, greedy, tiny-llm only; median of {args.repeats}")
         rows = run_ablation(args)

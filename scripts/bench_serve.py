@@ -64,8 +64,10 @@ from pathlib import Path
 import httpx
 from bench_common import add_run_arguments, machine_info, write_json
 
-SERVERS = ("tiny", "mlx")
-NAMES = {"tiny": "tiny-llm", "mlx": "mlx-lm"}
+SERVERS = ("tiny", "mlx")  # always; --peer llama.cpp adds "llama"
+NAMES = {"tiny": "tiny-llm", "mlx": "mlx-lm", "llama": "llama.cpp"}
+# llama.cpp's targets (--peer): output tok/s >= 0.9x llama-server's, TTFT p50 <= 1.5x.
+PEER_SPEED_TARGET, PEER_TTFT_TARGET = 0.9, 1.5
 TOPICS = [
     "volcanoes", "honey bees", "the moon", "bicycles", "rainforests", "glaciers", "the printing press",
     "coral reefs", "lighthouses", "tea", "owls", "the Roman roads", "thunderstorms", "chess", "bread",
@@ -159,6 +161,12 @@ def make_servers(args, model_dir: Path, log_dir: Path) -> dict[str, Server]:
                 "--decode-concurrency", str(args.max_batch_size), "--prompt-concurrency", str(args.max_batch_size)]
         + (["--prompt-cache-size", str(args.mlx_prompt_cache_size)] if args.mlx_prompt_cache_size is not None else []),
     }
+    if "llama" in args.servers:  # the default model's own GGUF: the same weights
+        import peers
+
+        cmds["llama"] = [str(peers.bin_dir() / "llama-server"), "-m", peers.default_gguf(), "--host", "127.0.0.1",
+                         "-t", str(os.cpu_count() or 1), "-np", str(args.max_batch_size),
+                         "-c", str(args.max_batch_size * 1024), "--threads-http", str(max(args.concurrency) + 2)]
     servers = {}
     for key in args.servers:
         port = free_port()
@@ -329,22 +337,26 @@ def speed_target(seeded: bool, concurrency: int) -> float:
     return SEEDED_TARGET if seeded and concurrency == SEEDED_TARGET_C else SPEED_TARGET
 
 
-def table(cells: list[dict]) -> str:
-    lines = ["| seed | C | req/s tiny | req/s mlx | ratio | out tok/s tiny | out tok/s mlx | ratio | "
-             "TTFT p50 tiny (s) | TTFT p50 mlx (s) | ratio | TTFT p95 tiny (s) | TTFT p95 mlx (s) |",
+def table(cells: list[dict], other: str = "mlx") -> str:
+    """tiny-llm against `other` ("mlx", or "llama" with --peer llama.cpp), a row per cell."""
+    short = {"mlx": "mlx", "llama": "llama"}[other]
+    lines = [f"| seed | C | req/s tiny | req/s {short} | ratio | out tok/s tiny | out tok/s {short} | ratio | "
+             f"TTFT p50 tiny (s) | TTFT p50 {short} (s) | ratio | TTFT p95 tiny (s) | TTFT p95 {short} (s) |",
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    prefix = "ratio_" if other == "mlx" else "peer_ratio_"
     for c in cells:
-        t, m = c["median"].get("tiny", {}), c["median"].get("mlx", {})
-        r_tok, r_ttft = c["ratio_out_tok_per_s"], c["ratio_ttft_p50"]
-        target = speed_target(c["seeded"], c["concurrency"])
+        t, m = c["median"].get("tiny", {}), c["median"].get(other, {})
+        r_tok, r_ttft = c[prefix + "out_tok_per_s"], c[prefix + "ttft_p50"]
+        target = speed_target(c["seeded"], c["concurrency"]) if other == "mlx" else PEER_SPEED_TARGET
+        ttft_target = TTFT_TARGET if other == "mlx" else PEER_TTFT_TARGET
         lines.append(
             f"| {'yes' if c['seeded'] else 'no'} | {c['concurrency']} "
             f"| {fmt(t.get('req_per_s'), '.3f')} | {fmt(m.get('req_per_s'), '.3f')} | {fmt(c['ratio_req_per_s'], '.2f')} "
             f"| {fmt(t.get('out_tok_per_s'), '.2f')} | {fmt(m.get('out_tok_per_s'), '.2f')} "
             f"| {fmt(r_tok, '.2f', r_tok is not None and r_tok < target)} "
-            f"| {fmt(t.get('ttft_p50'), '.2f')} | {fmt(m.get('ttft_p50'), '.2f')} "
-            f"| {fmt(r_ttft, '.2f', r_ttft is not None and r_ttft > TTFT_TARGET)} "
-            f"| {fmt(t.get('ttft_p95'), '.2f')} | {fmt(m.get('ttft_p95'), '.2f')} |")
+            f"| {fmt(t.get('ttft_p50'), '.3f')} | {fmt(m.get('ttft_p50'), '.3f')} "
+            f"| {fmt(r_ttft, '.2f', r_ttft is not None and r_ttft > ttft_target)} "
+            f"| {fmt(t.get('ttft_p95'), '.3f')} | {fmt(m.get('ttft_p95'), '.3f')} |")
     return "\n".join(lines)
 
 
@@ -437,9 +449,11 @@ def bench(args, servers: dict[str, Server], eos_ids) -> tuple[list[dict], list[s
     out = []
     for cell in cells.values():
         cell["median"] = {k: medians(cell["runs"][k]) for k in args.servers}
-        t, m = cell["median"].get("tiny", {}), cell["median"].get("mlx", {})
+        t, m, p = (cell["median"].get(k, {}) for k in ("tiny", "mlx", "llama"))
         for key in ("req_per_s", "out_tok_per_s", "ttft_p50", "ttft_p95"):
             cell[f"ratio_{key}"] = ratio(t.get(key), m.get(key))
+            if "llama" in args.servers:
+                cell[f"peer_ratio_{key}"] = ratio(t.get(key), p.get(key))
         out.append(cell)
     return out, errors
 
@@ -457,7 +471,9 @@ def main(argv=None) -> int:
                         help="a brief system message and a few words per request (~21 prompt tokens instead of ~41)")
     parser.add_argument("--mlx-prompt-cache-size", type=int, default=None,
                         help="pass --prompt-cache-size to mlx_lm.server (0: no prefix cache; default: its own, 10)")
-    parser.add_argument("--only", choices=SERVERS, default=None, help="benchmark one server only")
+    parser.add_argument("--only", choices=(*SERVERS, "llama"), default=None, help="benchmark one server only")
+    parser.add_argument("--peer", choices=["llama.cpp"], default=None,
+                        help="also llama-server on the default model's GGUF (built by scripts/peers.py build)")
     parser.add_argument("--model", default="default", help="model name or directory for tiny_llm.loader.resolve")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per request (default 900; --quick 120)")
@@ -470,7 +486,12 @@ def main(argv=None) -> int:
         args.timeout = 120 if args.quick else 900
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.seed_modes = {"both": [False, True], "no": [False], "yes": [True]}[args.seeds]
-    args.servers = [args.only] if args.only else list(SERVERS)
+    args.servers = [args.only] if args.only else list(SERVERS) + (["llama"] if args.peer else [])
+    if "llama" in args.servers:
+        import peers
+
+        if peers.built() is None:
+            parser.error("llama.cpp is not built: run `python scripts/peers.py build` first (~8 minutes)")
     if args.requests < 1 or args.max_tokens < 2 or args.repeats < 1 or min(args.concurrency) < 1:
         parser.error("need --requests >= 1, --max-tokens >= 2, --repeats >= 1 and concurrencies >= 1")
 
@@ -521,6 +542,10 @@ def main(argv=None) -> int:
     print(f"\nratio = tiny-llm / mlx-lm; '!' misses the target (out tok/s >= {SPEED_TARGET:g}x, with seeds at "
           f"C = {SEEDED_TARGET_C} >= {SEEDED_TARGET:g}x; TTFT p50 <= {TTFT_TARGET:g}x)\n")
     print(table(cells))
+    if "llama" in args.servers:
+        print(f"\nratio = tiny-llm / llama.cpp (llama-server on the same GGUF); '!' misses the target (out tok/s >= "
+              f"{PEER_SPEED_TARGET:g}x, TTFT p50 <= {PEER_TTFT_TARGET:g}x)\n")
+        print(table(cells, "llama"))
     print()
     lines = notes(cells, args)
     for line in lines:

@@ -25,8 +25,8 @@ void attend_paged(const PagedQuery<T>& a) {
       const long slot = static_cast<long>(a.pages[pos / a.page_size]) * a.page_size + pos % a.page_size;
       const T* k = a.keys + slot * a.stride_k;
       const T* v = a.values + slot * a.stride_v;
-      for (int d = 0; d < a.D; ++d) kt[j * a.D + d] = static_cast<float>(k[d]);
-      for (int d = 0; d < a.Dv; ++d) vt[j * a.Dv + d] = static_cast<float>(v[d]);
+      to_float(k, a.D, kt.data() + j * a.D);
+      to_float(v, a.Dv, vt.data() + j * a.Dv);
     }
     for (int q = 0; q < Q; ++q) {
       const int i = q % a.L;  // query position start + i sees keys 0 .. start + i

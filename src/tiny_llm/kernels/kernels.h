@@ -75,6 +75,11 @@ void rope_rows(float* x, int heads, int D, const float* cos, const float* sin, b
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void swiglu(const float* gate, const float* up, int n, float* out);
 
+// ---- shared helpers (ops.cpp) --------------------------------------------------------------
+// dst[i] = src[i] as float for i < n (float16 by 8 at a time where the CPU converts them).
+template <typename T>  // float, float16_t or bfloat16_t
+void to_float(const T* src, int n, float* dst);
+
 // ---- the thread pool -----------------------------------------------------------------------
 int num_threads();
 void set_num_threads(int n);

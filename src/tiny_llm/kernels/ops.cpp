@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__F16C__)
@@ -805,6 +806,16 @@ void probe(const std::string& day) {
 
 
 }  // namespace
+
+template <typename T>
+void to_float(const T* src, int n, float* dst) {
+  constexpr mx::Dtype dt = std::is_same_v<T, float> ? mx::float32 : std::is_same_v<T, float16_t> ? mx::float16 : mx::bfloat16;
+  load_row(src, dt, 0, n, dst);
+}
+template void to_float<float>(const float*, int, float*);
+template void to_float<float16_t>(const float16_t*, int, float*);
+template void to_float<bfloat16_t>(const bfloat16_t*, int, float*);
+
 }  // namespace tiny_llm
 
 NB_MODULE(_ext, m) {

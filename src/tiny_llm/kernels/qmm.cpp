@@ -120,6 +120,10 @@ void qmv_rows(const float* x, const uint32_t* w, const float* scales, const floa
     for (int j = 0; j < 4; ++j) p[j] = w + static_cast<long>(r + j) * words;
     const float* s = scales + static_cast<long>(r) * groups;
     const float* b = biases + static_cast<long>(r) * groups;
+    // Ask for the next four rows now: memory answers while these four are multiplied (the
+    // hardware's own prefetcher does not see far enough ahead over rows this short).
+    const char* next = reinterpret_cast<const char*>(w + static_cast<long>(r + 4) * words);
+    for (long byte = 0; byte < 4L * words * 4; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int g = 0; g < groups; ++g) {
       const __m256 s0 = _mm256_set1_ps(s[g]), s1 = _mm256_set1_ps(s[groups + g]),
