@@ -31,11 +31,12 @@ const char* simd();
 void dequantize_rows(const uint32_t* w, const float* scales, const float* biases, int rows, int K,
                      int group_size, int bits, float* out);
 
-// The decode product, without unpacking W into memory: out[r] = sum_k x[k] * W[r, k], with
-// the very arithmetic of dequantize_rows + matmul_tile (so a row's result is the same bits
-// alone or in a batch).
-void qmv_rows(const float* x, const uint32_t* w, const float* scales, const float* biases, int rows, int K,
-              int group_size, int bits, float* out);
+// The decode product for a few rows of x (x: M x K), without unpacking W into memory:
+// out[m * ldo + r] = sum_k x[m, k] * W[r, k], each weight made once and used for every row of
+// x, with the very arithmetic of dequantize_rows + matmul_tile (so a row's result is the same
+// bits alone or in a batch).
+void qmv_rows(const float* x, int M, const uint32_t* w, const float* scales, const float* biases, int rows, int K,
+              int group_size, int bits, float* out, int ldo);
 
 // out[m * ldo + r] = dot(x[m, :], wt[r, :]) for m < M, r < rows (x: M x K, wt: rows x K).
 void matmul_tile(const float* x, int M, const float* wt, int rows, int K, float* out, int ldo);

@@ -141,7 +141,7 @@ struct Linear {
 
 // Rows of W per piece of work: few for prefill (a tile of them stays in cache while every row
 // of x passes), more for decode (each piece must be worth waking a thread for).
-constexpr int DECODE_ROWS = 4;  // below this many rows of x, the decode path
+constexpr int DECODE_ROWS = 9;  // below this many rows of x, the decode path
 constexpr int TILE_ROWS = 16, DECODE_TILE_ROWS = 64;
 
 int piece_rows(int M) { return M < DECODE_ROWS ? DECODE_TILE_ROWS : TILE_ROWS; }
@@ -165,8 +165,7 @@ void product_piece(const Linear& L, const float* x, int M, int n0, int rows, flo
     }
     const uint32_t* w = static_cast<const uint32_t*>(L.w) + static_cast<long>(n0) * words;
     if (M < DECODE_ROWS) {
-      for (int m = 0; m < M; ++m)
-        qmv_rows(x + static_cast<long>(m) * K, w, sp, bp, rows, K, L.group_size, L.bits, out + static_cast<long>(m) * ldo);
+      qmv_rows(x, M, w, sp, bp, rows, K, L.group_size, L.bits, out, ldo);
     } else {
       tile.resize(static_cast<size_t>(rows) * K);
       dequantize_rows(w, sp, bp, rows, K, L.group_size, L.bits, tile.data());
@@ -787,7 +786,7 @@ void probe(const std::string& day) {
     std::vector<uint32_t> w(4, 0x76543210u);  // 1 row of 32 4-bit values
     std::vector<float> s{1.0f}, b{0.0f}, x(32, 1.0f), out(32), y(1);
     dequantize_rows(w.data(), s.data(), b.data(), 1, 32, 32, 4, out.data());
-    qmv_rows(x.data(), w.data(), s.data(), b.data(), 1, 32, 32, 4, y.data());
+    qmv_rows(x.data(), 1, w.data(), s.data(), b.data(), 1, 32, 32, 4, y.data(), 1);
     matmul_tile(x.data(), 1, out.data(), 1, 32, y.data(), 1);
   } else if (day == "week2-day7") {
     std::vector<float> h(4, 1.0f), w(4, 1.0f), out(4), c(2, 1.0f), z(2, 0.0f);

@@ -10,6 +10,7 @@
 // in one fixed order, then the features past the last multiple of 8 one by one. So a row
 // of x gets the same bits alone (decode), in a batch, or in a prompt: a seeded request
 // draws the same tokens whether it runs alone or with others.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -105,8 +106,8 @@ void dequantize_rows(const uint32_t* w, const float* scales, const float* biases
   // END SOLUTION
 }
 
-void qmv_rows(const float* x, const uint32_t* w, const float* scales, const float* biases, int rows, int K,
-              int group_size, int bits, float* out) {
+void qmv_rows(const float* x, int M, const uint32_t* w, const float* scales, const float* biases, int rows, int K,
+              int group_size, int bits, float* out, int ldo) {
   // BEGIN SOLUTION week2-day6
   const int words = K * bits / 32, groups = K / group_size;
   int r = 0;
@@ -142,12 +143,48 @@ void qmv_rows(const float* x, const uint32_t* w, const float* scales, const floa
     }
     out[r] = hsum(a0), out[r + 1] = hsum(a1), out[r + 2] = hsum(a2), out[r + 3] = hsum(a3);  // K: 8k
   };
-  for (; r + 4 <= rows && (bits == 4 || bits == 8); r += 4) {
-    if (bits == 4)
-      four_rows(std::integral_constant<int, 4>{}, r);
-    else
-      four_rows(std::integral_constant<int, 8>{}, r);
-  }
+  // Several rows of x (a batch decoding together): one row of W at a time, each of its
+  // weights made once and multiplied with every row of x, one running sum per row of x.
+  // `Rows` rows of x at once (a constant: the sums stay in registers).
+  auto one_row = [&](auto Bits, auto Rows, int r, int m0) {
+    constexpr int step = decltype(Bits)::value / 4, R = decltype(Rows)::value;
+    const uint32_t* p = w + static_cast<long>(r) * words;
+    const char* next = reinterpret_cast<const char*>(p + words);
+    for (long byte = 0; byte < 4L * words; byte += 64) _mm_prefetch(next + byte, _MM_HINT_T0);
+    __m256 a[R];
+    for (int j = 0; j < R; ++j) a[j] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      const __m256 sg = _mm256_set1_ps(scales[static_cast<long>(r) * groups + g]);
+      const __m256 bg = _mm256_set1_ps(biases[static_cast<long>(r) * groups + g]);
+      for (int i = 0; i < group_size; i += 8, p += step) {
+        const __m256 wv = weights8(p, Bits, sg, bg);
+        const float* xk = x + static_cast<long>(m0) * K + g * group_size + i;
+        for (int j = 0; j < R; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + static_cast<long>(j) * K), wv, a[j]);
+      }
+    }
+    for (int j = 0; j < R; ++j) out[static_cast<long>(m0 + j) * ldo + r] = hsum(a[j]);  // K: 8k
+  };
+  auto rows_of = [&](auto Bits) {
+    if (M == 1) {
+      for (; r + 4 <= rows; r += 4) four_rows(Bits, r);
+      return;
+    }
+    for (; r < rows; ++r)
+      for (int m0 = 0; m0 < M; m0 += 8) {
+        switch (std::min(8, M - m0)) {
+          case 1: one_row(Bits, std::integral_constant<int, 1>{}, r, m0); break;
+          case 2: one_row(Bits, std::integral_constant<int, 2>{}, r, m0); break;
+          case 3: one_row(Bits, std::integral_constant<int, 3>{}, r, m0); break;
+          case 4: one_row(Bits, std::integral_constant<int, 4>{}, r, m0); break;
+          case 5: one_row(Bits, std::integral_constant<int, 5>{}, r, m0); break;
+          case 6: one_row(Bits, std::integral_constant<int, 6>{}, r, m0); break;
+          case 7: one_row(Bits, std::integral_constant<int, 7>{}, r, m0); break;
+          default: one_row(Bits, std::integral_constant<int, 8>{}, r, m0);
+        }
+      }
+  };
+  if (bits == 4) rows_of(std::integral_constant<int, 4>{});
+  if (bits == 8) rows_of(std::integral_constant<int, 8>{});
 #endif
   // The rows left (all of them on the portable path): unpack a row, then the common product.
   thread_local std::vector<float> values;
@@ -155,7 +192,7 @@ void qmv_rows(const float* x, const uint32_t* w, const float* scales, const floa
   for (; r < rows; ++r) {
     dequantize_rows(w + static_cast<long>(r) * words, scales + r * groups, biases + r * groups, 1, K, group_size,
                     bits, values.data());
-    matmul_tile(x, 1, values.data(), 1, K, out + r, 1);
+    matmul_tile(x, M, values.data(), 1, K, out + r, ldo);
   }
   // END SOLUTION
 }
