@@ -351,7 +351,7 @@ def table(cells: list[dict], other: str = "mlx") -> str:
         ttft_target = TTFT_TARGET if other == "mlx" else PEER_TTFT_TARGET
         lines.append(
             f"| {'yes' if c['seeded'] else 'no'} | {c['concurrency']} "
-            f"| {fmt(t.get('req_per_s'), '.3f')} | {fmt(m.get('req_per_s'), '.3f')} | {fmt(c['ratio_req_per_s'], '.2f')} "
+            f"| {fmt(t.get('req_per_s'), '.3f')} | {fmt(m.get('req_per_s'), '.3f')} | {fmt(c[prefix + 'req_per_s'], '.2f')} "
             f"| {fmt(t.get('out_tok_per_s'), '.2f')} | {fmt(m.get('out_tok_per_s'), '.2f')} "
             f"| {fmt(r_tok, '.2f', r_tok is not None and r_tok < target)} "
             f"| {fmt(t.get('ttft_p50'), '.3f')} | {fmt(m.get('ttft_p50'), '.3f')} "

@@ -141,7 +141,7 @@ struct Linear {
 
 // Rows of W per piece of work: few for prefill (a tile of them stays in cache while every row
 // of x passes), more for decode (each piece must be worth waking a thread for).
-constexpr int DECODE_ROWS = 9;  // below this many rows of x, the decode path
+constexpr int DECODE_ROWS = 17;  // below this many rows of x, the decode path
 constexpr int TILE_ROWS = 16, DECODE_TILE_ROWS = 64;
 
 int piece_rows(int M) { return M < DECODE_ROWS ? DECODE_TILE_ROWS : TILE_ROWS; }
