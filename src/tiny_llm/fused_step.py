@@ -24,16 +24,13 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from . import kernels
 from .kv_cache import KVCache
+from .model import Model  # a `qwen2.Qwen2Model`: its args, layers, embed_tokens, norm and lm_head
 from .quantize import QuantizedWeight, project
-
-if TYPE_CHECKING:
-    from .qwen2 import Qwen2Model
 
 
 def count_primitives(step: Callable[[], mx.array | tuple]) -> collections.Counter:
@@ -53,7 +50,7 @@ def count_primitives(step: Callable[[], mx.array | tuple]) -> collections.Counte
     # END SOLUTION
 
 
-def unfit_reason(model: Qwen2Model) -> str | None:
+def unfit_reason(model: Model) -> str | None:
     """Why the fused step cannot run `model`'s layers, or None when it can."""
     args = model.args
     if args.qk_norm:
@@ -78,7 +75,7 @@ class FusedDecodeStep:
     layer needs is gathered once here (its weights in order, its spec), and RoPE's angles are
     one table of positions for the whole model, grown as positions grow."""
 
-    def __init__(self, model: Qwen2Model):
+    def __init__(self, model: Model):
         args = model.args
         self.model = model
         self.rope = model.layers[0].self_attn.rope
@@ -147,7 +144,7 @@ class FusedDecodeStep:
         return model.embed_tokens.as_linear(h) if model.lm_head is None else project(h, model.lm_head)
 
 
-def applies(model: Qwen2Model, tokens: mx.array, cache: list | None) -> bool:
+def applies(model: Model, tokens: mx.array, cache: list | None) -> bool:
     """Whether `decode` runs this step fused: one new token per row, every layer's cache a
     `KVCache` with room for it or a paged view with its pool's storage made, the kernels on
     a CPU with this day done, and a model that fits."""
@@ -172,7 +169,7 @@ def applies(model: Qwen2Model, tokens: mx.array, cache: list | None) -> bool:
     return reason is None
 
 
-def decode(model: Qwen2Model, tokens: mx.array, cache: list | None) -> mx.array | None:
+def decode(model: Model, tokens: mx.array, cache: list | None) -> mx.array | None:
     """The logits of a decode step run fused, or None where it does not apply (then the
     model's layers run on MLX ops)."""
     if not applies(model, tokens, cache):

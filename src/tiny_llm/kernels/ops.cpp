@@ -125,6 +125,16 @@ struct Source {
 
 bool is_float(mx::Dtype dt) { return dt == mx::float32 || dt == mx::float16 || dt == mx::bfloat16; }
 
+// f(T{}) with T the C++ type of a float dtype: float, float16_t or bfloat16_t.
+template <typename F>
+void by_dtype(mx::Dtype dt, F f) {
+  switch (dt) {
+    case mx::float32: f(float{}); break;
+    case mx::float16: f(float16_t{}); break;
+    default: f(bfloat16_t{});
+  }
+}
+
 // ---- matrix products -----------------------------------------------------------------------
 
 // One projection's weight W [N, K] as stored: quantized in MLX's affine format (`bits` > 0:
@@ -324,13 +334,7 @@ class PagedAttention : public CpuPrimitive {
                 dense_ ? nullptr : inputs[3].data<int32_t>(), dense_ ? nullptr : inputs[4].data<int32_t>(),
                 out.data<void>(), q.shape(0), q.shape(1), k.shape(1), q.shape(2), q.shape(3), v.shape(-1),
                 dense_ ? 1 : inputs[3].shape(1), dense_ ? k.shape(2) : page_size_, scale_, dense_, dense_start_};
-    enc.dispatch([a] {
-      switch (a.kt) {
-        case mx::float32: run_attention<float>(a); break;
-        case mx::float16: run_attention<float16_t>(a); break;
-        default: run_attention<bfloat16_t>(a);
-      }
-    });
+    enc.dispatch([a] { by_dtype(a.kt, [&](auto t) { run_attention<decltype(t)>(a); }); });
   }
 
  private:
@@ -592,11 +596,7 @@ class DecodeLayer : public CpuPrimitive {
           store_row(chunk.data(), r.store.dt, dst, first, len);
         }
       }
-      switch (r.store.dt) {
-        case mx::float32: run_layer<float>(r); break;
-        case mx::float16: run_layer<float16_t>(r); break;
-        default: run_layer<bfloat16_t>(r);
-      }
+      by_dtype(r.store.dt, [&](auto t) { run_layer<decltype(t)>(r); });
     });
   }
 
