@@ -189,6 +189,46 @@ def draw_generate(data: dict) -> Figure:
     return fig
 
 
+# --- llama.cpp as the peer (scripts/bench_generate.py --peer llama.cpp) -------------------------
+
+def draw_peers(data: dict) -> Figure:
+    """Prefill and decode tokens/s of tiny-llm and llama.cpp on the same weights (the default
+    model's GGUF), at B = 1 (llama-bench and llama-batched-bench) and B = 8, with the
+    read-bandwidth roof of a B = 1 decode step."""
+    ours = {r["batch"]: r["tiny"]["median"] for r in data["results"]
+            if r["config"] == "smollm2-4bit" and "median" in r.get("tiny", {})}
+    rows = [p for p in data["peer"]["rows"] if p["batch"] in ours and p["llama_cpp"]]
+    labels = [f"B = {p['batch']}\n{p['tool']}" for p in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(3.6 + 2.4 * len(rows), 3.3), layout="constrained")
+    x = range(len(rows))
+    for ax, key, title in ((axes[0], "prefill_tps", "prefill (128-token prompts)"), (axes[1], "decode_tps", "decode")):
+        mine = [ours[p["batch"]][key] for p in rows]
+        theirs = [p["llama_cpp"][key] for p in rows]
+        ax.bar([i - 0.2 for i in x], mine, width=0.4, color=TINY, label="tiny-llm (its kernels)")
+        ax.bar([i + 0.2 for i in x], theirs, width=0.4, color=MLX, label="llama.cpp (the same GGUF)")
+        for i in x:
+            ax.text(i, max(mine[i], theirs[i]) * 1.03, f"{mine[i] / theirs[i]:.2f}×", ha="center", va="bottom",
+                    fontsize=7)
+        top = max(mine + theirs)
+        if key == "decode_tps" and rows and "bound_tps" in data["results"][0]:
+            roof = data["results"][0]["bound_tps"]
+            ax.axhline(roof, color=ROOF, ls="--", lw=1, label="B = 1 roof (read bandwidth / weight bytes)")
+            top = max(top, roof)
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("tokens/s, all rows (median)")
+        ax.set_title(title)
+        ax.set_ylim(0, top * 1.18)
+        ax.grid(axis="x", visible=False)
+    info = data["info"]
+    heading(fig, "tiny-llm against llama.cpp on the same Q4_1 weights (× = tiny-llm ÷ llama.cpp)", axes[1], ncol=3)
+    footer(fig, info, quick_note(info, f"{info['prompt_tokens']} prompt tokens, {info['max_tokens']} new; tiny-llm: "
+                                       f"median of {info['repeats']}, each B in its own process, B = 1 greedy, B = 8 "
+                                       f"sampled; llama.cpp {data['peer']['version']} (llama-cpp-python's source), "
+                                       f"{data['peer']['threads']} threads, its own averages. Read bandwidth (a numpy "
+                                       f"copy): {info['bandwidth_gbs']:.1f} GB/s."))
+    return fig
+
+
 # --- serving (scripts/bench_serve.py) ---------------------------------------------------------
 
 def draw_serve(data: dict) -> Figure:
@@ -339,6 +379,7 @@ FIGURES = {  # NAME.svg is drawn from NAME.json by this function
     "sampler": draw_sampler,
     "kernels": draw_kernels,
     "generate": draw_generate,
+    "peers": draw_peers,
     "serve": draw_serve,
     "prefix": draw_prefix,
     "distributed": draw_distributed,

@@ -158,3 +158,20 @@ def test_a_model_that_does_not_fit_runs_on_mlx_ops():
     cache = model.make_cache()
     model(mx.array([[1, 2]]), cache=cache)
     assert fused_step.decode(model, mx.array([[3]]), cache) is None
+
+
+def test_a_prompt_gives_the_same_bits_whatever_its_chunks(default_model):
+    """A prompt's positions go through the same ops however it is cut into chunks (a chunk
+    of one token is not a decode step): the cache and the last position's logits are the
+    same bits for chunks of 16 (one of them a single token) and one chunk."""
+    from tiny_llm.model import prefill
+
+    model, tokenizer = default_model
+    tokens = mx.array([tokenizer.encode("Name a colour, then tell me why you like it so much, please, and say which one you would paint a room with.")[:18]])
+    assert tokens.shape[1] == 18  # chunks of 16: 16 positions, then 1, then the last
+    runs = []
+    for step in (16, 64):
+        cache = model.make_cache()
+        logits = prefill(model, tokens, cache, step)
+        runs.append((np.array(logits.astype(mx.float32)), np.array(cache[7].keys[:, :, :18].astype(mx.float32))))
+    assert (runs[0][0] == runs[1][0]).all() and (runs[0][1] == runs[1][1]).all()

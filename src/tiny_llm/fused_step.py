@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from . import kernels
 from .kv_cache import KVCache
-from .model import Model  # a `qwen2.Qwen2Model`: its args, layers, embed_tokens, norm and lm_head
+from .model import Model, in_prompt_chunks  # Model: a `qwen2.Qwen2Model`: its args, layers, embed_tokens, norm and lm_head
 from .quantize import QuantizedWeight, project
 
 
@@ -59,6 +59,8 @@ def unfit_reason(model: Model) -> str | None:
         return "a mixture of experts"
     for layer in model.layers:
         attn = layer.self_attn
+        if not hasattr(attn, "wq") or not hasattr(layer.mlp, "w_gate"):
+            return "sub-layers wrapped or replaced (tensor parallelism)"
         if getattr(attn.rope, "dims", None) != args.head_dim:
             return "RoPE over part of a head"
         for w in (attn.wq, attn.wk, attn.wv, attn.wo, layer.mlp.w_gate, layer.mlp.w_up, layer.mlp.w_down):
@@ -145,10 +147,11 @@ class FusedDecodeStep:
 
 
 def applies(model: Model, tokens: mx.array, cache: list | None) -> bool:
-    """Whether `decode` runs this step fused: one new token per row, every layer's cache a
+    """Whether `decode` runs this step fused: one new token per row (not a chunk of a prompt:
+    `model.prompt_chunks`), every layer's cache a
     `KVCache` with room for it or a paged view with its pool's storage made, the kernels on
     a CPU with this day done, and a model that fits."""
-    if cache is None or tokens.ndim != 2 or tokens.shape[1] != 1 or not cache:
+    if cache is None or tokens.ndim != 2 or tokens.shape[1] != 1 or not cache or in_prompt_chunks():
         return False
     first = cache[0]
     if type(first) is KVCache:

@@ -8,8 +8,10 @@ Generation, batching, beam search and speculative decoding import from here, and
 here imports them: the import graph stays a DAG.
 """
 
+import contextlib
 import numbers
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
@@ -116,6 +118,30 @@ def prompt_array(prompt: str | Sequence[int] | mx.array, tokenizer: Tokenizer) -
     return prompt
 
 
+_prompt_chunks = threading.local()
+
+
+@contextlib.contextmanager
+def prompt_chunks() -> Iterator[None]:
+    """Inside the block, the model's one-token calls are chunks of a prompt, not decode
+    steps: the fused decode step (week 2 day 7) leaves them to the layers on MLX ops. How a
+    prompt is cut into chunks depends on what a prefix cache already held, so its positions
+    must not be computed by one path or the other according to the cut: every position but
+    the last goes through the same ops, alone or in a batch. (The last position, always a
+    call of its own, and every decode step run fused.)"""
+    depth = getattr(_prompt_chunks, "depth", 0)
+    _prompt_chunks.depth = depth + 1
+    try:
+        yield
+    finally:
+        _prompt_chunks.depth = depth
+
+
+def in_prompt_chunks() -> bool:
+    """Whether this thread is inside `prompt_chunks()`."""
+    return getattr(_prompt_chunks, "depth", 0) > 0
+
+
 def prefill(
     model: CachedModel,
     tokens: mx.array,
@@ -137,14 +163,15 @@ def prefill(
     # logits `[B, V]` in `logits`: the lines after the exercise report `(L, L)`.
     # BEGIN SOLUTION week2-day2
     done = 0
-    while tokens.shape[1] > 1:
-        n = min(step_size, tokens.shape[1] - 1)
-        model(tokens[:, :n], cache=cache)  # the logits are never evaluated: only the cache
-        mx.eval([a for c in cache for a in (c.keys, c.values)])
-        tokens = tokens[:, n:]
-        done += n
-        if progress is not None:
-            progress(done, L)
+    with prompt_chunks():  # a chunk of one token is still a prompt's (see prompt_chunks)
+        while tokens.shape[1] > 1:
+            n = min(step_size, tokens.shape[1] - 1)
+            model(tokens[:, :n], cache=cache)  # the logits are never evaluated: only the cache
+            mx.eval([a for c in cache for a in (c.keys, c.values)])
+            tokens = tokens[:, n:]
+            done += n
+            if progress is not None:
+                progress(done, L)
     logits = model(tokens, cache=cache)[:, -1, :]
     # END SOLUTION
     if progress is not None:
