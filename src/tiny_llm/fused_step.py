@@ -150,7 +150,7 @@ def applies(model: Model, tokens: mx.array, cache: list | None) -> bool:
     """Whether `decode` runs this step fused: one new token per row (not a chunk of a prompt:
     `model.prompt_chunks`), every layer's cache a
     `KVCache` with room for it or a paged view with its pool's storage made, the kernels on
-    a CPU with this day done, and a model that fits."""
+    a CPU with this day and week 2 day 6 (its products) done, and a model that fits."""
     if cache is None or tokens.ndim != 2 or tokens.shape[1] != 1 or not cache or in_prompt_chunks():
         return False
     first = cache[0]
@@ -165,7 +165,7 @@ def applies(model: Model, tokens: mx.array, cache: list | None) -> bool:
             return False
         kinds_ok = all(type(c) is PagedKVCache and c.layer in c.pool.keys and c.lengths == first.lengths
                        for c in cache)
-    if not kinds_ok or not kernels.active("week2-day7"):
+    if not kinds_ok or not kernels.active("week2-day7") or not kernels.active("week2-day6"):
         return False
     if (reason := getattr(model, "_fused_unfit", 0)) == 0:
         reason = model._fused_unfit = unfit_reason(model)
