@@ -422,6 +422,13 @@ void round_to(mx::Dtype dt, float* p, long n) {
 
 // One new query per head over a row's positions, read through `Store`, for a starter that has
 // not written week 3 day 6 yet: the scores, their softmax, the weighted sum of the values.
+// h += delta, rounded to the activations' dtype as MLX's add would store it (n values). The
+// norm that follows reads the rounded sum, so the sum is made here rather than in add_rms_norm.
+void add_residual(float* h, const float* delta, long n, mx::Dtype dt) {
+  for (long i = 0; i < n; ++i) h[i] += delta[i];
+  round_to(dt, h, n);
+}
+
 template <typename T>
 void attend_plain(const Store& s, int b, int hh, const float* q, int G, int n, float scale, float* out) {
   std::vector<float> p(n);
@@ -491,13 +498,9 @@ void run_layer(const LayerRun& r) {
   float* po[4] = {nullptr, nullptr, nullptr, proj.data()};
   run_products(r, {3}, o.data(), po);
   round_to(r.ht, proj.data(), proj.size());
-  // The MLP: residual + norm in one pass, gate and up in one round of pieces, SwiGLU, down.
-  for (int b = 0; b < B; ++b) {
-    float* hb = h.data() + b * E;
-    for (int i = 0; i < E; ++i) hb[i] += proj[b * E + i];
-    round_to(r.ht, hb, E);
-    add_rms_norm(hb, nullptr, r.norm2, E, c.eps, xn.data() + b * E);
-  }
+  // The MLP: residual + norm, gate and up in one round of pieces, SwiGLU, down.
+  add_residual(h.data(), proj.data(), B * E, r.ht);
+  for (int b = 0; b < B; ++b) add_rms_norm(h.data() + b * E, nullptr, r.norm2, E, c.eps, xn.data() + b * E);
   round_to(r.ht, xn.data(), xn.size());
   float* gu[6] = {nullptr, nullptr, nullptr, nullptr, gate.data(), up.data()};
   run_products(r, {4, 5}, xn.data(), gu);
@@ -506,10 +509,9 @@ void run_layer(const LayerRun& r) {
   float* pd[7] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, proj.data()};
   run_products(r, {6}, gate.data(), pd);
   round_to(r.ht, proj.data(), proj.size());
+  add_residual(h.data(), proj.data(), B * E, r.ht);
   for (int b = 0; b < B; ++b) {
     float* hb = h.data() + b * E;
-    for (int i = 0; i < E; ++i) hb[i] += proj[b * E + i];
-    round_to(r.ht, hb, E);
     if (r.final_norm) {
       add_rms_norm(hb, nullptr, r.final_norm, E, c.final_eps, xn.data() + b * E);
       std::memcpy(hb, xn.data() + b * E, sizeof(float) * E);
