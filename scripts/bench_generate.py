@@ -417,6 +417,8 @@ def table_row(row: dict) -> str:
 def greedy_check(tiny: dict, mlx: dict) -> str:
     """Where the two B = 1 greedy token streams first differ (a warning within 8 steps)."""
     a, b = tiny.get("tokens"), mlx.get("tokens")
+    if mlx.get("error", "").startswith("not run"):
+        return "greedy tokens: not compared (mlx-lm not run: --impls)"
     if not a or not b:
         return "greedy tokens: not compared (a B = 1 run failed)"
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
