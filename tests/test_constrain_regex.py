@@ -243,3 +243,22 @@ def test_groups_nest_at_most_100_deep():
         re.compile("(" * depth + "a" + ")" * depth)
         with pytest.raises(ValueError, match=r"groups are nested more than 100 deep \(position 100 in"):
             Grammar.from_regex("(" * depth + "a" + ")" * depth)
+
+
+@pytest.mark.parametrize("pattern, alphabet", [
+    ("ab", "abx"), ("^ab", "abx"), ("ab$", "abx"), ("^a|b$", "abx"), ("^(a|b)+$", "abx"), (r"a\|b", "ab|"),
+    (r"[|]a|b\$", "ab|$"), ("(a+)+$", "ab"), ("a.b", "ab\u2028"), ("", "ab"), ("^$", "ab"),
+])
+def test_a_search_automaton_finds_what_re_search_finds(pattern, alphabet):
+    """`DFA.from_search` (the agent's search, a JSON Schema `pattern`): a match anywhere, the
+    anchors per top-level branch, checked on every string over the alphabet up to length 5."""
+    from tiny_llm.constrain.automata import DFA
+    from tiny_llm.constrain.regex import search_branches
+
+    dfa = DFA.from_search(pattern)
+    for n in range(6):
+        for chars in itertools.product(alphabet, repeat=n):
+            text = "".join(chars)
+            assert dfa.accepts(text) == bool(re.search(pattern, text, re.ASCII)), (pattern, text)
+    assert search_branches(r"^a|[|]b\$|(c|d)$") == [(True, "a", False), (False, r"[|]b\$", False),
+                                                    (False, "(c|d)", True)]

@@ -4,6 +4,7 @@ r"""Engine — finite automata over code points: the regular languages a JSON sc
     short = DFA.from_regex(r".{0,3}")
     digits.intersect(short).accepts("123")   # True
     digits.difference(DFA.literal("7"))      # digit strings other than "7"
+    DFA.from_search(r"(a+)+$").accepts("a" * 40 + "b")   # False, in one pass: no backtracking
 
 A JSON schema's keywords about one string (a `pattern`, a `format`, lengths, the names of
 properties, the values `not` excludes) each describe a regular language, and a string is valid
@@ -15,8 +16,8 @@ State 0 is the start.
 
 Results are kept small: `minimized()` drops states that are unreachable or lead nowhere and
 merges states with the same future (Moore's partition refinement). Every construction counts
-its states and raises ValueError past `limits.MAX_STATES`, so a schema that would need a huge
-automaton gets a one-line error instead of a hang.
+its states and raises `TooLarge` (a ValueError) past `limits.MAX_STATES`, so a schema or a
+search that would need a huge automaton gets a one-line error instead of a hang.
 
 `rules(add_rule, name, spell)` writes the automaton as GBNF, one rule per state (`name-0 ::=
 [a-z] name-1 | ...`); the grammar engine enters a rule named last in a sequence without keeping
@@ -34,11 +35,15 @@ from typing import Any
 
 from .limits import MAX_STATES, MAX_WORK
 
-__all__ = ["DFA", "JSON_CONTROL", "JSON_CONTROL_BODY", "json_string", "plain", "reaching"]
+__all__ = ["DFA", "JSON_CONTROL", "JSON_CONTROL_BODY", "TooLarge", "json_string", "plain", "reaching"]
 
 MAX_CODE_POINT = 0x10FFFF
 
 Edge = tuple[int, int, int]  # lo, hi (inclusive), target state
+
+
+class TooLarge(ValueError):
+    """A language whose automaton would pass `MAX_STATES` states, or `MAX_WORK` steps to build."""
 
 
 class DFA:
@@ -103,6 +108,25 @@ class DFA:
         from .regex import parse_regex
 
         return _Nfa.of(parse_regex(pattern, portable)).determinized().minimized()
+
+    @classmethod
+    def from_search(cls, pattern: str, portable: bool = False) -> DFA:
+        """The strings in which `pattern` finds a match, as `re.search(pattern, s, re.ASCII)`
+        does in a string without newlines (`portable`: as JSON Schema reads a `pattern`): each
+        top-level branch (`regex.search_branches`) with any text before it unless it starts
+        with `^`, and after it unless it ends with `$`. `accepts` then answers in one pass
+        over the string, without backtracking, whatever the pattern."""
+        from .regex import search_branches
+
+        language = cls.empty()
+        for starts, body, ends in search_branches(pattern):
+            middle = cls.from_regex(body, portable)
+            if not starts:
+                middle = cls.everything().concat(middle)
+            if not ends:
+                middle = middle.concat(cls.everything())
+            language = language.union(middle)
+        return language
 
     # ---- asking ------------------------------------------------------------------------
 
@@ -307,8 +331,8 @@ def _subtract(ranges, holes) -> tuple[tuple[int, int], ...]:
 def _count(n: int, what: str = "", value=None) -> None:
     if n > MAX_STATES:
         detail = f" ({what} {value})" if what else ""
-        raise ValueError(f"json schema: a string or number language needs more than {MAX_STATES} "
-                         f"automaton states{detail}")
+        raise TooLarge(f"json schema: a string or number language needs more than {MAX_STATES} "
+                       f"automaton states{detail}")
 
 
 def _hopcroft(dfa: DFA, states: list[int]) -> dict[int, int]:
@@ -506,8 +530,8 @@ class _Nfa:
         todo = list(seen)
         self.work += len(seen)
         if self.work > MAX_WORK:
-            raise ValueError(f"json schema: a string language needs more than {MAX_WORK} steps to turn into "
-                             "an automaton (a long counted repetition inside an unanchored pattern?)")
+            raise TooLarge(f"json schema: a string language needs more than {MAX_WORK} steps to turn into "
+                           "an automaton (a long counted repetition inside an unanchored pattern?)")
         while todo:
             for t in self.empty[todo.pop()]:
                 if t not in seen:

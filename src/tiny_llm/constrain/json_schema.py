@@ -738,21 +738,10 @@ class _Converter:
             raise ValueError(f"json schema: 'pattern' at {path} must be a string")
 
         def build() -> DFA:
-            language = DFA.empty()
-            for branch in _top_level_branches(pattern):
-                starts = branch.startswith("^")
-                ends = _ends_with_anchor(branch)
-                body = branch[1 if starts else 0:len(branch) - 1 if ends else len(branch)]
-                try:
-                    middle = DFA.from_regex(body, portable=True)
-                except ValueError as e:
-                    raise ValueError(f"json schema: 'pattern' at {path}: {str(e).removeprefix('json schema: ')}") from e
-                if not starts:
-                    middle = DFA.everything().concat(middle)
-                if not ends:
-                    middle = middle.concat(DFA.everything())
-                language = language.union(middle)
-            return language
+            try:
+                return DFA.from_search(pattern, portable=True)
+            except ValueError as e:
+                raise ValueError(f"json schema: 'pattern' at {path}: {str(e).removeprefix('json schema: ')}") from e
 
         return self.dfa(("pattern", pattern), build)
 
@@ -1736,41 +1725,3 @@ def _array_elements(prefix: list[str], item: str | None, low: int, high: int | N
         return body if need else f"( {body} )?"
 
     return from_index(0)
-
-
-def _top_level_branches(pattern: str) -> list[str]:
-    """`pattern` split at the `|` that are outside groups and classes."""
-    branches, depth, start, i, in_class = [], 0, 0, 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            i += 1
-            if pattern[i:i + 1] == "^":
-                i += 1
-            if pattern[i:i + 1] == "]":  # a ']' first in a class is itself
-                i += 1
-            continue
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            branches.append(pattern[start:i])
-            start = i + 1
-        i += 1
-    branches.append(pattern[start:])
-    return branches
-
-
-def _ends_with_anchor(branch: str) -> bool:
-    """Whether `branch` ends in a `$` that is not escaped."""
-    if not branch.endswith("$"):
-        return False
-    backslashes = len(branch) - 1 - len(branch[:-1].rstrip("\\"))
-    return backslashes % 2 == 0

@@ -2,6 +2,7 @@ r"""Engine — regular expressions to GBNF: one grammar expression with the rege
 
     regex_to_gbnf_expression(r"\d{3}-[a-z]+")   # '[0-9]{3} "-" [a-z]+'
     regex_to_gbnf(r"\d{3}-[a-z]+")              # 'root ::= [0-9]{3} "-" [a-z]+\n'
+    search_branches(r"^ab|c$")                  # [(True, "ab", False), (False, "c", True)]: a search's branches
 
 The grammar built from `pattern` accepts exactly the strings `s` for which
 `re.fullmatch(pattern, s, re.ASCII)` matches. Supported (Python `re` syntax): literal characters;
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from .escape import gbnf_class_char, gbnf_literal
 from .limits import MAX_NESTING, MAX_REPEAT
 
-__all__ = ["format_chars", "parse_regex", "regex_to_gbnf", "regex_to_gbnf_expression"]
+__all__ = ["format_chars", "parse_regex", "regex_to_gbnf", "regex_to_gbnf_expression", "search_branches"]
 
 MAX_CODE_POINT = 0x10FFFF
 
@@ -613,3 +614,42 @@ def parse_regex(pattern: str, portable: bool = False) -> Node:
 def regex_to_gbnf(pattern: str) -> str:
     """A whole grammar (rule `root`) for the full-match language of `pattern`."""
     return f"root ::= {regex_to_gbnf_expression(pattern)}\n"
+
+
+def search_branches(pattern: str) -> list[tuple[bool, str, bool]]:
+    """`pattern` as a search reads it (`re.search`, a JSON Schema `pattern`): split at the `|`
+    outside groups and classes, each branch as (anchored at the start by a leading `^`, the
+    branch without its anchors, anchored at the end by a trailing `$` that is not escaped).
+    The branches themselves are not checked here: `parse_regex` does that."""
+    branches, depth, start, i, in_class = [], 0, 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 1
+            if pattern[i:i + 1] == "^":
+                i += 1
+            if pattern[i:i + 1] == "]":  # a ']' first in a class is itself
+                i += 1
+            continue
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            branches.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    branches.append(pattern[start:])
+    out = []
+    for branch in branches:
+        starts = branch.startswith("^")
+        backslashes = len(branch) - 1 - len(branch[:-1].rstrip("\\"))
+        ends = branch.endswith("$") and backslashes % 2 == 0
+        out.append((starts, branch[1 if starts else 0:len(branch) - 1 if ends else len(branch)], ends))
+    return out
