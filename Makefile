@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 setup: $(VENV)/.installed
+	@bash scripts/install_sandbox.sh
 
 demo: setup
 	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --max-tokens $(MAX_TOKENS) --verbose

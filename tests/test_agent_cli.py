@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tiny_llm.agent.loop import RunLog
 from tiny_llm.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +76,7 @@ def corrupt_log(tmp_path: Path) -> str:
      r"--allow-command '/bin/sh': give a command name, not a path"),
     (["agent", "run", "--workspace", "{ws}", "--max-steps", "0", TASK], r"--max-steps must be positive, got 0"),
     (["agent", "run", "--workspace", "{ws}", "--seconds", "-1", TASK], r"--seconds must be positive, got -1"),
+    (["agent", "run", "--workspace", "{ws}", "--max-repeats", "0", TASK], r"--max-repeats must be positive, got 0"),
     (["agent", "run", "--workspace", "{ws}"], r"the task is missing: pass what to do as text"),
     (["agent", "run", "--workspace", "{ws}", "  "], r"the task is empty"),
     (["agent", "run", "--workspace", "{ws}", "--steer", "go", TASK], r"--steer needs --resume LOG"),
@@ -134,15 +136,13 @@ def test_a_scripted_run_fixes_the_workspace_and_logs_every_event(tmp_path, ws, c
 
 
 def test_a_run_stopped_by_a_limit_resumes_with_a_steer_and_appends(tmp_path, ws, capsys):
-    log = tmp_path / "run.jsonl"
-    actions = json.loads((FIX / "solution.json").read_text())
-    first = scripted(tmp_path, actions[:2], "first.json")
+    log, script = tmp_path / "run.jsonl", str(FIX / "solution.json")
     common = ["agent", "run", "--workspace", str(ws), "--allow-command", "python3"]
-    status, out, err = run_cli([*common, "--scripted", first, "--log", str(log), "--max-steps", "1", TASK], capsys)
+    status, out, err = run_cli([*common, "--scripted", script, "--log", str(log), "--max-steps", "1", TASK], capsys)
     assert status == 1 and out == "limit: steps limit reached (1 of 1)\n"
     text = log.read_text()
-    rest = scripted(tmp_path, actions[1:], "rest.json")
-    status, out, err = run_cli([*common, "--scripted", rest, "--resume", str(log), "--steer", "Now edit it."], capsys)
+    # The same script: the resumed run goes on with its second action, the first being in the log.
+    status, out, err = run_cli([*common, "--scripted", script, "--resume", str(log), "--steer", "Now edit it."], capsys)
     assert status == 0 and out.startswith("finished: "), err
     assert log.read_text().startswith(text)  # appended, never rewritten
     events = [json.loads(line) for line in log.read_text().splitlines()]
@@ -160,3 +160,56 @@ def test_a_command_outside_the_allow_list_is_refused_to_the_model_not_run(tmp_pa
     observation = next(json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()
                        if json.loads(line)["kind"] == "observation")
     assert observation["ok"] is False and "is not an allowed command (allowed: none)" in observation["text"]
+
+
+def proposals(log: Path) -> list[dict]:
+    return [json.loads(e.data["text"]) for e in RunLog.read(log) if e.kind == "proposal"]
+
+
+def test_a_resumed_scripted_run_goes_on_after_the_last_proposal_in_its_log(tmp_path, ws, capsys):
+    """The script is not started over: each of its actions is proposed once across the two
+    parts of the run, and the edit is made once."""
+    log, solution = tmp_path / "run.jsonl", FIX / "solution.json"
+    common = ["agent", "run", "--workspace", str(ws), "--allow-command", "python3", "--scripted", str(solution)]
+    status, out, err = run_cli([*common, "--log", str(log), "--max-steps", "2", TASK], capsys)
+    assert status == 1 and out == "limit: steps limit reached (2 of 2)\n", err
+    status, out, err = run_cli([*common, "--resume", str(log)], capsys)
+    assert status == 0 and out == "finished: inclusive_range now includes stop: range(start, stop + 1).\n", err
+    assert proposals(log) == json.loads(solution.read_text())
+    assert all(e.data["ok"] for e in RunLog.read(log) if e.kind == "observation")
+    assert "range(start, stop + 1))" in (ws / "ranges.py").read_text()
+
+
+def test_a_log_with_a_torn_last_line_resumes_with_a_one_line_notice(tmp_path, ws, capsys):
+    """A crash in the middle of writing the last line leaves part of it: the resumed run says
+    so on standard error, keeps every byte, and leaves a log that reads back."""
+    log, solution = tmp_path / "run.jsonl", FIX / "solution.json"
+    common = ["agent", "run", "--workspace", str(ws), "--allow-command", "python3", "--scripted", str(solution)]
+    status, out, err = run_cli([*common, "--log", str(log), "--max-steps", "2", TASK], capsys)
+    assert status == 1, err
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert json.loads(lines[-1])["kind"] == "limit" and json.loads(lines[-2])["kind"] == "observation"
+    torn = b"".join(lines[:-2]) + lines[-2][:30]  # the edit's observation, cut mid-write
+    log.write_bytes(torn)
+    status, out, err = run_cli([*common, "--resume", str(log)], capsys)
+    assert status == 0 and out.startswith("finished: "), err
+    notice = f"run log {log}:{len(lines) - 1}: a torn last line (a crash mid-write) was set aside"
+    assert err.splitlines()[:2] == [f"log: {log}", notice]
+    assert log.read_bytes().startswith(torn)
+    contents = RunLog.load(log)
+    assert contents.torn is None and contents.notice is None
+    assert [(e.kind, e.data["line"]) for e in contents.events if e.kind == "torn"] == [("torn", len(lines) - 1)]
+    # The edit was settled from the workspace, not made twice; the script went on after it.
+    assert proposals(log) == json.loads(solution.read_text())
+    assert "range(start, stop + 1))" in (ws / "ranges.py").read_text()
+    settled = [e for e in contents.events if e.kind == "observation" and e.step == 1]
+    assert len(settled) == 1 and settled[0].data["text"].startswith("done before the run stopped")
+
+
+def test_max_repeats_ends_a_run_that_repeats_a_refused_action(tmp_path, ws, capsys):
+    stuck = {"tool": "read", "args": {"path": "nope.py"}}
+    script = scripted(tmp_path, [stuck] * 5 + [{"tool": "finish", "args": {"summary": "never"}}])
+    status, out, err = run_cli(["agent", "run", "--workspace", str(ws), "--scripted", script, "--max-repeats", "2",
+                                "--log", str(tmp_path / "r.jsonl"), TASK], capsys)
+    assert status == 1, err
+    assert out == 'limit: the same refused action was proposed 2 times in a row: ["read", {"path": "nope.py"}]\n'

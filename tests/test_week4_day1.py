@@ -205,7 +205,7 @@ def test_the_log_of_a_scripted_run_is_exact(tmp_path):
                "after": {"a.py": sha("x = 2\n")}, "exit_status": None}
     expected = [
         ("start", 0, {"task": "Make x 2.", "messages": start, "tools": ["read", "edit"],
-                      "limits": {"steps": 5, "tokens": 100_000, "seconds": 600.0}, "seed": 7}),
+                      "limits": {"steps": 5, "tokens": 100_000, "seconds": 600.0, "repeats": 3}, "seed": 7}),
         ("proposal", 0, {"text": texts[0], "prompt_tokens": tokens[0], "completion_tokens": replies[0], "cached_tokens": 0}),
         ("intent", 0, {"tool": "read", "args": {"path": "a.py"}, "before": {}}),
         ("observation", 0, {"text": "x = 1\n", "ok": True, "receipt": None}),
@@ -247,6 +247,92 @@ def test_a_corrupt_log_line_is_a_value_error_naming_file_and_line(tmp_path):
             RunLog.read(log.path)
     with pytest.raises(ValueError, match="no such file"):
         RunLog.read(tmp_path / "missing.jsonl")
+
+
+def test_a_torn_last_line_is_set_aside_and_the_log_reads_after_appending(tmp_path):
+    """A crash in the middle of writing an event leaves the last line torn: part of the
+    line, no line break. Reading sets it aside and says so; the next append ends it and
+    marks it with a "torn" event, rewriting nothing, and the log reads back every time."""
+    log = RunLog(tmp_path / "run.jsonl")
+    notebook = Notebook({"a.py": "x = 1\u2028y = 2\n"})  # U+2028 breaks lines for str.splitlines, not for JSONL
+    run_agent("Read a.py.", ScriptedModel([read("a.py"), finish()]), notebook, Limits(), log)
+    lines = log.path.read_bytes().splitlines(keepends=True)
+    events = RunLog.read(log.path)
+    assert len(lines) == len(events) == 6 and events[3].data["text"] == "x = 1\u2028y = 2\n"
+    where = re.escape(str(log.path))
+    for cut in (lines[-1][:25], lines[-1][:-1], "é".encode()[:1]):  # torn JSON, a lost line break, torn UTF-8
+        log.path.write_bytes(b"".join(lines[:-1]) + cut)
+        contents = RunLog.load(log.path)
+        whole = cut == lines[-1][:-1]
+        assert contents.events == RunLog.read(log.path) == (events if whole else events[:-1])
+        assert contents.torn == (None if whole else 6)
+        assert contents.notice == (None if whole else
+                                   f"run log {log.path}:6: a torn last line (a crash mid-write) was set aside")
+    # Appending ends the torn line and marks it, before its own event; nothing is rewritten.
+    torn = b"".join(lines[:-1]) + lines[-1][:25]
+    log.path.write_bytes(torn)
+    run_agent("Again.", ScriptedModel([finish()]), Notebook({}), Limits(), log)
+    assert log.path.read_bytes().startswith(torn + b"\n")
+    again = RunLog.load(log.path)
+    assert again.torn is None
+    assert [(e.kind, e.step, e.data.get("line")) for e in again.events[5:]] == [
+        ("torn", 0, 6), ("start", 0, None), ("proposal", 0, None), ("finish", 0, None)]
+    # A whole event that lost only its line break gets the break, and no "torn" event.
+    log.path.write_bytes(b"".join(lines[:-1]) + lines[-1][:-1])
+    run_agent("Again.", ScriptedModel([finish()]), Notebook({}), Limits(), log)
+    assert [e.kind for e in RunLog.read(log.path)] == [e.kind for e in events] + ["start", "proposal", "finish"]
+    # Anything else that is not an event is still an error: a torn line that is not the
+    # last and not marked, a last line that ends with a line break, a last line that is
+    # JSON but no event, and a "torn" event that names another line.
+    for text, line, why in [(b"".join(lines[:2]) + lines[2][:20] + b"\n" + b"".join(lines[3:]), 3, "not JSON"),
+                            (b"".join(lines[:-1]) + lines[-1][:25] + b"\n", 6, "not JSON"),
+                            (b"".join(lines[:-1]) + b"[1, 2]", 6, "not an event"),
+                            (torn + b'\n{"kind": "torn", "step": 0, "line": 5}\n', 6, "not JSON")]:
+        log.path.write_bytes(text)
+        with pytest.raises(ValueError, match=f"^run log {where}:{line}: {why}"):
+            RunLog.read(log.path)
+
+
+def test_a_model_that_repeats_a_refused_action_is_told_and_stopped(tmp_path):
+    """The same tool with the same arguments (in any key order), refused again: the
+    observation says when it was refused before; `Limits.repeats` in a row end the run
+    with a "limit" instead of spending its steps."""
+    edit = {"tool": "edit", "args": {"path": "a.py", "old": "y", "new": "z"}}
+    reordered = {"tool": "edit", "args": {"new": "z", "old": "y", "path": "a.py"}}
+    model = ScriptedModel([read("b.py"), read("b.py"), read("a.py"), read("b.py"), edit, read("b.py"), reordered,
+                           edit, edit] + [finish()])
+    log = RunLog(tmp_path / "run.jsonl")
+    outcome = run_agent("Fix a.py.", model, Notebook({"a.py": "x = 1\n"}), Limits(), log)
+    key = '["edit", {"new": "z", "old": "y", "path": "a.py"}]'
+    assert (outcome.status, outcome.steps) == ("limit", 9)
+    assert outcome.reason == f"the same refused action was proposed 3 times in a row: {key}"
+    seen = [m["content"] for m in model.calls[-1] if m["role"] == "user"][1:]
+    assert seen == [
+        "Observation (refused): no such file: b.py",
+        "Observation (refused): refused again: this same action was refused at step 0: no such file: b.py",
+        "Observation: x = 1\n",
+        "Observation (refused): refused again: this same action was refused at step 1: no such file: b.py",
+        "Observation (refused): the old text occurs 0 times in a.py",
+        "Observation (refused): refused again: this same action was refused at step 3: no such file: b.py",
+        "Observation (refused): refused again: this same action was refused at step 4: the old text occurs 0 "
+        "times in a.py",
+        "Observation (refused): refused again: this same action was refused at step 6: the old text occurs 0 "
+        "times in a.py",
+    ]
+    assert len(model.calls) == 9  # no tenth proposal: the run ended before it
+    last = RunLog.read(log.path)[-1]
+    assert (last.kind, last.step) == ("limit", 9)
+    assert {k: v for k, v in last.data.items() if k != "seconds"} == {"limit": "repeats", "used": 3, "allowed": 3,
+                                                                       "proposal": key}
+    # Text that is not an action counts by its text; with repeats=1 the first refusal ends the run.
+    outcome = run_agent("Fix a.py.", ScriptedModel(["oops", "oops"]), Notebook({}), Limits(repeats=2), log)
+    assert (outcome.status, outcome.steps, outcome.reason) == (
+        "limit", 2, 'the same refused action was proposed 2 times in a row: "oops"')
+    outcome = run_agent("Fix a.py.", ScriptedModel([read("b.py")]), Notebook({}), Limits(repeats=1), log)
+    assert (outcome.status, outcome.steps) == ("limit", 1)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match=f"limits.repeats must be an integer >= 1, got {bad!r}"):
+            run_agent("Fix a.py.", model, Notebook({}), Limits(repeats=bad), log)
 
 
 @pytest.fixture(scope="module")

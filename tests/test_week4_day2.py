@@ -130,6 +130,29 @@ def test_search_text_and_regex_with_bounded_results(ws):
         f"[search stopped at {MAX_MATCHES} matches]\n"
 
 
+def test_regex_search_is_one_pass_with_re_search_meaning(ws):
+    """`(a+)+$` on 40 a's and a b backtracks for minutes in Python's `re`; the search's
+    automaton reads the line once. Patterns keep `re.search`'s meaning (anywhere in a line,
+    `^` and `$` per branch), and what the automaton cannot do is a one-line refusal."""
+    (ws.root / "long.txt").write_text("a" * 40 + "b\n" + "a" * 40 + "\n")
+    assert act(ws, "search", pattern="(a+)+$", regex=True, path="long.txt").text == f"long.txt:2:{'a' * 40}\n"
+    (ws.root / "mix.txt").write_text("def f(x):\n    return x + 1  # one\nclass C: pass\nTODO: fix f\n")
+    for pattern, lines in [(r"^def \w+\(", [1]), (r"\d", [2]), (r"f|^class", [1, 3, 4]), (r"x \+ 1", [2]),
+                           (r"pass$|^TODO", [3, 4]), (r"[A-Z]{4}:", [4]), (r"^\s+return", [2]), (r"^f", []),
+                           (r"(on|OD)", [2, 4]), (r"e$", [2]), (r"(on|OD)e", [2])]:
+        text = "".join(f"mix.txt:{n}:{(ws.root / 'mix.txt').read_text().splitlines()[n - 1]}\n" for n in lines)
+        assert act(ws, "search", pattern=pattern, regex=True, path="mix.txt").text == (text or "no matches\n"), pattern
+    for pattern, why in [
+        (r"(a)\1", r"bad regular expression: backreferences are not supported (position 3 in '(a)\\1')"),
+        (r"x(?=y)", "bad regular expression: lookaround assertions are not supported (position 1 in 'x(?=y)')"),
+        (r"\bx", r"bad regular expression: word boundaries (\b, \B) are not supported (position 0 in '\\bx')"),
+        ("a.{30}", 'the regular expression "a.{30}" needs too large an automaton (a long counted repetition, '
+                   "such as .{30}?); search with a simpler one"),
+    ]:
+        obs = act(ws, "search", pattern=pattern, regex=True, path="mix.txt")
+        assert (obs.ok, obs.text) == (False, f"search: {why}")
+
+
 def test_edit_replaces_the_exact_old_text_and_leaves_a_receipt(ws):
     obs = act(ws, "edit", path="src/app.py", old="y = 2", new="y = 3")
     assert (obs.ok, obs.text) == (True, "edited src/app.py: 12 -> 12 bytes\n")
@@ -313,8 +336,10 @@ def test_run_environment_holds_no_secrets_of_the_parent(ws, monkeypatch):
     obs = act(ws, "run", command=["python", "-c", code])
     assert obs.ok and "secret" not in obs.text
     env = json.loads(obs.text.splitlines()[0])
-    # Python itself may add LC_CTYPE (locale coercion); nothing else may appear.
-    assert set(env) - {"LC_CTYPE"} == {"PATH", "LANG", "HOME"}
+    # Python itself may add LC_CTYPE (locale coercion) and the sandbox PWD (the workspace,
+    # where it starts the command); nothing else may appear.
+    assert set(env) - {"LC_CTYPE", "PWD"} == {"PATH", "LANG", "HOME"}
+    assert env.get("PWD", str(ws.root)) == str(ws.root)
     assert env["HOME"] != os.environ.get("HOME") and not env["HOME"].startswith(str(ws.root))
     assert not Path(env["HOME"]).exists()  # a fresh HOME per run, removed afterwards
     assert env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
@@ -570,3 +595,119 @@ def test_every_tool_on_every_path_stays_inside():
 @given(st.lists(actions, min_size=1, max_size=6))
 def test_no_sequence_of_tool_calls_reaches_outside_the_workspace(sequence):
     check_stays_inside(sequence)
+
+
+# ---- the sandbox: bubblewrap's arguments from the policy -----------------------------------
+
+FAKE_BWRAP = """#!{python}
+# A stand-in for bubblewrap: records its arguments, then runs the command after "--" as is.
+import json, os, sys
+if sys.argv[1:] == ["--version"]:
+    print("bubblewrap 0.0-fake")
+    raise SystemExit(0)
+with open({record!r}, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+rest = sys.argv[sys.argv.index("--") + 1:]
+os.execvp(rest[0], rest)
+"""
+
+
+def test_bwrap_args_give_the_command_the_workspace_and_nothing_of_the_user(tmp_path):
+    from tiny_llm.agent.sandbox import Policy, bwrap_args
+
+    root, home, venv = tmp_path / "ws", tmp_path / "home-x", Path("/opt/venvs/py")
+    policy = Policy(root, (venv,), home)
+    args = bwrap_args("/usr/bin/bwrap", policy, ["python3", "-c", "print(1)"], "/opt/venvs/py/bin/python3")
+    assert args[0] == "/usr/bin/bwrap"
+    assert args[-4:] == ["--", "/opt/venvs/py/bin/python3", "-c", "print(1)"]  # the program by its full path
+    options = args[1:-4]
+    # New namespaces: no network, its own processes; no capabilities; it dies with the agent.
+    assert "--unshare-all" in options or {"--unshare-net", "--unshare-pid"} <= set(options)
+    for flag in ("--die-with-parent", "--new-session"):
+        assert flag in options
+    assert options[options.index("--cap-drop") + 1] == "ALL"
+
+    def mounts(kind):
+        return [tuple(options[i + 1:i + 3]) for i, a in enumerate(options) if a == kind]
+
+    assert mounts("--bind") == [(str(root), str(root))]  # the only writable folder
+    assert options[options.index("--chdir") + 1] == str(root)
+    ro = mounts("--ro-bind")
+    assert ("/usr", "/usr") in ro and (str(venv), str(venv)) in ro
+    bound = {src for src, _ in ro}
+    assert not {"/", "/home", "/root", "/etc", "/tmp", os.path.expanduser("~"), str(tmp_path)} & bound
+    assert "/etc/shadow" not in bound and not any(b.startswith("/etc/ssh") for b in bound)
+    # A private /tmp, mounted before anything that may live inside it; the home, empty, in it.
+    tmpfs = options.index("--tmpfs")
+    assert options[tmpfs + 1] == "/tmp" and tmpfs < options.index("--bind")
+    assert tmpfs < min(i for i, a in enumerate(options) if a == "--ro-bind")
+    assert options[options.index("--dir") + 1] == str(home)
+    assert options.index("--proc") and options.index("--dev")
+
+
+def test_run_passes_its_policy_to_bwrap(tree, tmp_path, monkeypatch):
+    """With a fake bwrap on PATH, every command goes through it with the policy's arguments."""
+    from tiny_llm.agent.sandbox import Policy, bwrap_args, readable_folders
+
+    bin_dir, record = tmp_path / "bin", tmp_path / "bwrap-calls.jsonl"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    fake.write_text(FAKE_BWRAP.format(python=sys.executable, record=str(record)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    ws = Workspace(tree[0], allowed_commands=["python"], blob_dir=tmp_path / "blobs")
+    assert ws.describe_sandbox().startswith(f"sandbox: bubblewrap 0.0-fake ({fake})")
+    obs = act(ws, "run", command=["python", "-c", "import os; print(os.environ['HOME'])"])
+    assert obs.ok, obs.text
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(calls) == 2 and calls[0][-2:] == ["--", "true"]  # the probe, then the command
+    executable, _ = ws.prepare_command(["python"], Path("/unused"))
+    home = obs.text.splitlines()[0]  # the command's HOME: the policy's home folder
+    readable = readable_folders([executable], keep_out=[ws.root, Path.home()])
+    assert [str(fake)] + calls[1] == bwrap_args(str(fake), Policy(ws.root, readable, Path(home)),
+                                                ["python", "-c", "import os; print(os.environ['HOME'])"], executable)
+
+
+def test_the_real_bwrap_keeps_the_command_inside(tree, tmp_path):
+    """The real bubblewrap (make setup installs it): the secret beside the workspace is not
+    there for the command, and a write out of the root lands nowhere."""
+    root, secret = tree
+    ws = Workspace(root, allowed_commands=["python"], blob_dir=tmp_path / "blobs")
+    assert ws.sandbox()[0] is not None, ws.sandbox()[1]
+    code = (f"import os; print(os.path.exists({str(secret)!r}), os.path.exists('a.txt')); "
+            "open('../x', 'w').write('x')")  # the folder above is the sandbox's own, in its private /tmp
+    obs = act(ws, "run", command=["python", "-c", code])
+    assert obs.text == "False True\n[exit status 0]\n"
+    assert not (root.parent / "x").exists()
+
+
+def test_readable_folders_are_the_programs_installations_not_the_users_folders(tmp_path):
+    from tiny_llm.agent.sandbox import readable_folders
+
+    prefix = tmp_path / "tools" / "py"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "tool").write_text("")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "bin").mkdir()
+    (tmp_path / "ws" / "bin" / "own").write_text("")
+    (tmp_path / "link").symlink_to(prefix / "bin" / "tool")
+    found = readable_folders([str(tmp_path / "link"), str(tmp_path / "ws" / "bin" / "own"), "/usr/bin/env"],
+                             keep_out=[tmp_path / "ws"])
+    # The link's own folder is nobody's installation: the link alone; its target's whole
+    # installation; a program inside the workspace: that file only; /usr: bound already.
+    assert found == (tmp_path / "link", prefix, tmp_path / "ws" / "bin" / "own")
+
+
+def test_the_seatbelt_profile_holds_the_same_policy():
+    from tiny_llm.agent.sandbox import Policy, seatbelt_profile
+
+    profile = seatbelt_profile(Policy(Path('/Users/a/w"s'), (Path("/opt/py"),), Path("/private/tmp/h")))
+    lines = profile.splitlines()
+    assert lines[:2] == ["(version 1)", "(deny default)"] and "(deny network*)" in lines
+    write = profile[profile.index("(allow file-write*"):]
+    write = write[:write.index(")\n(") + 1]
+    assert '(subpath "/Users/a/w\\"s")' in write and '(subpath "/private/tmp/h")' in write
+    assert "/opt/py" not in write and "/usr" not in write  # readable, not writable
+    read = profile[profile.index("(allow file-read*"):profile.index("(allow file-write*")]
+    assert '(subpath "/opt/py")' in read and '(subpath "/usr")' in read and "/Users/a\n" not in read
+    assert profile.count("(") == profile.count(")")

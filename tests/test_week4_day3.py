@@ -242,6 +242,45 @@ def test_steering_reaches_the_resumed_conversation(tmp_path):
         steer(log.path, "  ")
 
 
+def test_a_log_whose_last_line_is_torn_resumes_and_reads_back(tmp_path):
+    """A crash in the middle of writing step 1's observation (the write done, its receipt
+    torn): resume sets the torn line aside, settles the step from the workspace, and its
+    appends leave a log that reads back, every byte of the old one kept."""
+    root, log, _, outcome = scripted_run(tmp_path, by_turn, Limits(steps=2))
+    assert outcome.status == "limit"
+    lines = log.path.read_bytes().splitlines(keepends=True)
+    assert [json.loads(line)["kind"] for line in lines[-2:]] == ["observation", "limit"]
+    torn = b"".join(lines[:-2]) + lines[-2][:40]
+    log.path.write_bytes(torn)
+    assert RunLog.load(log.path).torn == len(lines) - 1
+    outcome = resume(log.path, ScriptedModel(by_turn), workspace(root), Limits())
+    assert (outcome.status, outcome.steps) == ("finished", 5)
+    assert log.path.read_bytes().startswith(torn)
+    assert (root / "b.txt").read_text() == "hello\n" and (root / "ran.txt").read_text() == "ran\n"
+    events = RunLog.read(log.path)
+    assert [e.data["line"] for e in events if e.kind == "torn"] == [len(lines) - 1]
+    assert [e.step for e in events if e.kind == "observation"] == [0, 1, 2, 3]
+    settled = next(e for e in events if e.kind == "observation" and e.step == 1)
+    assert settled.data["text"].startswith("done before the run stopped: write changed b.txt")
+    assert replay(events)[1] == 5
+
+
+def test_a_resumed_run_counts_the_refusals_of_its_log(tmp_path):
+    """Refused twice before the pause, once more after it: with `repeats` 3 the resumed run
+    ends at its first step, and that step's observation names the step before the pause."""
+    missing = {"tool": "read", "args": {"path": "c.py"}}
+    root, log, _, outcome = scripted_run(tmp_path, lambda messages: missing, Limits(steps=2))
+    assert outcome.status == "limit"
+    resumed = ScriptedModel(lambda messages: missing)
+    outcome = resume(log.path, resumed, workspace(root), Limits(steps=10))
+    assert (outcome.status, outcome.steps) == ("limit", 3)
+    assert outcome.reason == 'the same refused action was proposed 3 times in a row: ["read", {"path": "c.py"}]'
+    assert len(resumed.calls) == 1
+    last = [e for e in RunLog.read(log.path) if e.kind == "observation"][-1]
+    assert (last.step, last.data["text"]) == (2, 'refused again: this same action was refused at step 1: read: '
+                                                 '"c.py" does not exist')
+
+
 class Counting:
     """A model that counts the tokens it is run on, call by call."""
 

@@ -88,8 +88,8 @@ def make_task(folder: Path, task: dict | str | None = None, checks: list | str |
     ({"prompt": "x", "limits": {"steps": 0}}, None, r"limits\.steps must be a positive integer, got 0"),
     ({"prompt": "x", "limits": {"steps": True}}, None, r"limits\.steps must be a positive integer, got True"),
     ({"prompt": "x", "limits": {"seconds": -1.5}}, None, r"limits\.seconds must be a positive number, got -1\.5"),
-    ({"prompt": "x", "limits": {"turns": 3}}, None, r"unknown limit 'turns' \(known: steps, tokens, seconds\)"),
-    ({"prompt": "x", "limits": 5}, None, r"limits must be an object with steps, tokens, seconds"),
+    ({"prompt": "x", "limits": {"turns": 3}}, None, r"unknown limit 'turns' \(known: steps, tokens, seconds, repeats\)"),
+    ({"prompt": "x", "limits": 5}, None, r"limits must be an object with steps, tokens, seconds, repeats"),
     ({"prompt": "x", "editable_paths": "a.py"}, None, r"editable_paths must be a list of non-empty strings"),
     ({"prompt": "x", "allowed_commands": [""]}, None, r"allowed_commands must be a list of non-empty strings"),
     (None, "", r"checks\.json is not valid JSON"),
@@ -223,7 +223,7 @@ COMMAND_CHECKS = [
      "must fail: exit status 0, expected 1: (no output)"),
     ({"kind": "command", "argv": ["python3", "-c", "assert open('notes.txt').read().startswith('alpha')"]}, None),
     ({"kind": "command", "label": "no secrets", "argv": [
-        "python3", "-c", "import os; extra = sorted(set(os.environ) - {'PATH', 'HOME', 'LANG', 'LC_CTYPE'}); "
+        "python3", "-c", "import os; extra = sorted(set(os.environ) - {'PATH', 'HOME', 'LANG', 'LC_CTYPE', 'PWD'}); "
                    "print(extra); raise SystemExit(1 if extra else 0)"]},
      None),
     ({"kind": "command", "label": "unknown", "argv": ["no-such-command-tiny-llm"]},

@@ -62,11 +62,14 @@ class Observation:
 
 @dataclass(frozen=True)
 class Limits:
-    """A run's budget: steps, tokens (prompt + completion, all steps) and wall seconds."""
+    """A run's budget: steps, tokens (prompt + completion, all steps) and wall seconds; and
+    `repeats`, how many times in a row the model may propose an action that is refused each
+    time, the same tool with the same arguments, before the run ends (it is stuck)."""
 
     steps: int = 20
     tokens: int = 100_000
     seconds: float = 600.0
+    repeats: int = 3
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,8 @@ class Toolbox(Protocol):
 @dataclass(frozen=True)
 class Event:
     """One line of a run log: `kind` is one of "start", "proposal", "intent", "observation",
-    "steer", "compaction", "limit", "error", "finish"; `step` the step it belongs to; `data`
-    the rest (JSON values only)."""
+    "steer", "compaction", "limit", "error", "finish", "torn" (the line before it is torn: a
+    crash mid-write); `step` the step it belongs to; `data` the rest (JSON values only)."""
 
     kind: str
     step: int

@@ -43,19 +43,31 @@ class ScriptedModel:
     """A model that says what a test tells it to: the items of `actions` in turn, or
     `actions(messages)` each step (a function of the conversation, e.g. of the observations).
     An item is an `Action`, a dict (dumped as JSON) or raw text (sent as is, valid or not).
-    Token counts are `count_tokens`'s estimates. Running out of script is a model error."""
+    Token counts are `count_tokens`'s estimates. Running out of script is a model error.
 
-    def __init__(self, actions: Sequence[Action | dict | str] | Callable[[list[dict]], Action | dict | str]):
+    `start`: the items a run proposed before (a resumed run: the "proposal" events of its
+    log), skipped, so the first call says item `start`."""
+
+    def __init__(self, actions: Sequence[Action | dict | str] | Callable[[list[dict]], Action | dict | str], *,
+                 start: int = 0):
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be an integer >= 0, got {start!r}")
+        if callable(actions) and start:
+            raise ValueError("start skips items of a list of actions; a function of the conversation has none")
         self._script = None if callable(actions) else list(actions)
         self._next = actions if callable(actions) else None
+        self.start = start
         self.calls: list[list[dict]] = []  # the messages of each call, copied
 
     def propose(self, messages: list[dict], schema: dict, *, seed: int | None = None) -> Proposal:
         self.calls.append([dict(m) for m in messages])
         if self._script is not None:
-            if len(self.calls) > len(self._script):
-                raise IndexError(f"the script has {len(self._script)} actions and call {len(self.calls)} asks for another")
-            item = self._script[len(self.calls) - 1]
+            index = self.start + len(self.calls) - 1
+            if index >= len(self._script):
+                before = f" ({self.start} proposed before the run resumed)" if self.start else ""
+                raise IndexError(f"the script has {len(self._script)} actions and call {len(self.calls)} asks for "
+                                 f"another{before}")
+            item = self._script[index]
         else:
             item = self._next(messages)
         if isinstance(item, Action):

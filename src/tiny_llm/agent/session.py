@@ -15,16 +15,17 @@ rebuilds the very messages the run went on with.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .actions import FINISH, parse_action
 from .core import Action, Event, Limits, Model, Observation, Receipt, Toolbox
-from .loop import (Digests, Outcome, RunLog, intent_data, observation_data, observation_message, perform,
-                   run_agent)
+from .loop import (Digests, Outcome, Refusals, RunLog, intent_data, observation_data, observation_message,
+                   perform, run_agent)
 from .models import count_tokens
 
-__all__ = ["SUMMARY", "compact", "compactor", "replay", "resume", "spent", "steer"]
+__all__ = ["SUMMARY", "compact", "compactor", "replay", "resume", "spent", "steer", "undo"]
 
 SUMMARY = "Summary of the earlier steps of this run (compacted)."  # the first line of a summary
 OPERATOR = "Operator messages:"
@@ -90,6 +91,7 @@ def resume(log_path: Path, model: Model, toolbox: Toolbox, limits: Limits, *, se
     happened and is performed now; if not, it happened, and its observation is made from the
     workspace as it is (a receipt with the digests before and now). So no effect is applied
     twice and none is lost."""
+    began = time.monotonic()  # the settled step counts in the run's time
     log_path = Path(log_path)
     events = RunLog.read(log_path)
     messages, step, receipts = replay(events)
@@ -117,13 +119,17 @@ def resume(log_path: Path, model: Model, toolbox: Toolbox, limits: Limits, *, se
                 log.append(Event("intent", step, intent_data(toolbox, action)))
                 observation = perform(toolbox, action)
             else:
+                reap = getattr(toolbox, "reap", None)  # the interrupted command is gone before we look
+                if callable(reap):
+                    reap()
                 observation = settle(intent, action, toolbox)
         log.append(Event("observation", step, observation_data(observation)))
         messages += [{"role": "assistant", "content": proposal.data["text"]}, observation_message(observation)]
         step += 1
     on_step = compactor(log, budget, keep_last=keep_last, count=count) if budget is not None else None
     return run_agent(task, model, toolbox, limits, log, seed=seed, messages=messages, start_step=step,
-                     on_step=on_step, tokens_used=tokens, seconds_used=seconds)
+                     refusals=Refusals.of(RunLog.read(log_path)),
+                     on_step=on_step, tokens_used=tokens, seconds_used=seconds + time.monotonic() - began)
 
 
 def settle(intent: Event, action: Action, toolbox: Toolbox) -> Observation:
@@ -216,3 +222,43 @@ def steer(log_path: Path, text: str) -> None:
         raise ValueError(f"run log {log_path}: the run has finished; only a paused run can be steered")
     _, step, _ = replay(events)
     RunLog(log_path).append(Event("steer", step, {"text": text}))
+
+
+def state_before(events: list[Event], step: int) -> dict[str, str | None]:
+    """What every file the run's effects from `step` on touched held before that step: for
+    each path, the digest before the first effect at or after `step` that touched it (None:
+    no file). An effect cut short by a kill (an intent without its observation) counts with
+    the digests its intent recorded."""
+    observed = {e.step for e in events if e.kind == "observation"}
+    state: dict[str, str | None] = {}
+    for event in events:
+        if event.step < step:
+            continue
+        if event.kind == "observation" and event.data.get("receipt"):
+            before = Receipt.from_json(event.data["receipt"]).before
+        elif event.kind == "intent" and event.step not in observed:
+            before = event.data.get("before") or {}
+        else:
+            continue
+        for path, digest in before.items():
+            state.setdefault(path, digest)
+    return state
+
+
+def undo(log_path: Path, workspace, to_step: int = 0) -> tuple[list[str], list[str]]:
+    """Put `workspace` back as it was before step `to_step` of the run logged at `log_path`
+    (0: before the run), from the bytes its blob folder kept of every file an effect touched,
+    and log it: a "steer" event, so a resumed run's model reads that the operator undid those
+    steps, with what was written and removed under "undo". A command the run left running is
+    killed first. Returns the paths written and the paths removed."""
+    log_path = Path(log_path)
+    events = RunLog.read(log_path)
+    _, step, _ = replay(events)
+    if isinstance(to_step, bool) or not isinstance(to_step, int) or not 0 <= to_step <= step:
+        raise ValueError(f"to_step: a step of this run, 0 to {step}, got {to_step!r}")
+    workspace.reap()
+    written, removed = workspace.restore(state_before(events, to_step))
+    text = f"The operator undid steps {to_step} to {step - 1}: the workspace is as it was before step {to_step}."
+    RunLog(log_path).append(Event("steer", step, {"text": text, "undo": {"to_step": to_step, "written": written,
+                                                                         "removed": removed}}))
+    return written, removed

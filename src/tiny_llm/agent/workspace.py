@@ -11,9 +11,14 @@ component, through any symlinks, and name a regular file or a directory. `perfor
 every refusal and failure into `Observation(ok=False, text="<tool>: <reason>")`; it never
 raises for what a model wrote.
 
-`run` is not a sandbox: it decides which programs may start, where (the root), for how long,
-with how much output, and with which environment (no secrets of the parent), not what an
-allowed program does once it runs.
+`run` decides which programs may start, where (the root), for how long, with how much
+output and with which environment (no secrets of the parent); what an allowed program does
+once it runs is bounded by the operating system: every command runs in a sandbox
+(`sandbox.py`: bubblewrap on Linux, Seatbelt on macOS) under resource limits, and where no
+sandbox can be made, `run` is refused unless the workspace was made `unsandboxed=True`.
+
+Every file an effect may change is kept in the blob store before and after it (by content:
+an unchanged file costs nothing), so any step can be undone (`restore`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from copy import deepcopy
 from pathlib import Path
 
 from .core import Action, Observation, Receipt, Tool
+from .sandbox import CommandLimits, PidsCgroup, Policy, Sandbox, child_setup, find_sandbox, readable_folders
 
 __all__ = ["PolicyError", "ToolError", "Workspace", "replace_once"]
 
@@ -123,14 +129,6 @@ def _open_regular(path: Path) -> int:
     return fd
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with os.fdopen(_open_regular(path), "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _read_bytes(path: Path, what: str) -> bytes:
     """A regular file's bytes; ToolError if it is larger than MAX_FILE_BYTES."""
     with os.fdopen(_open_regular(path), "rb") as f:
@@ -201,12 +199,15 @@ class Workspace:
     and `write` may change. `allowed_commands`: the command names `run` may start (looked up
     on PATH, the running interpreter's folder first, so `python` is this Python).
     `command_seconds` and `output_bytes` bound a run's time and every output's preview.
-    `blob_dir`: where whole outputs are kept by their SHA-256 (outside the root; a new
-    temporary folder by default)."""
+    `blob_dir`: where whole outputs, and the files effects change, are kept by their SHA-256
+    (outside the root; a new temporary folder by default). `command_limits`: the resources
+    each command may use. `unsandboxed`: run commands without a sandbox where none can be
+    made (each command's observation says so); by default `run` is refused there."""
 
     def __init__(self, root: Path, *, editable_paths: Sequence[str] = ("**",),
                  allowed_commands: Sequence[str] = (), command_seconds: float = 30.0,
-                 output_bytes: int = 4000, blob_dir: Path | None = None):
+                 output_bytes: int = 4000, blob_dir: Path | None = None,
+                 command_limits: CommandLimits = CommandLimits(), unsandboxed: bool = False):
         if not Path(root).is_dir():
             raise ValueError(f"root: {root} is not a folder")
         self.root = Path(os.path.realpath(root))
@@ -225,6 +226,13 @@ class Workspace:
             raise ValueError(f"command_seconds: a number of seconds > 0, got {command_seconds!r}")
         if isinstance(output_bytes, bool) or not isinstance(output_bytes, int) or output_bytes < 64:
             raise ValueError(f"output_bytes: an integer >= 64, got {output_bytes!r}")
+        if not isinstance(command_limits, CommandLimits):
+            raise ValueError(f"command_limits: a CommandLimits, got {command_limits!r}")
+        if not isinstance(unsandboxed, bool):
+            raise ValueError(f"unsandboxed: True or False, got {unsandboxed!r}")
+        self.command_limits = command_limits
+        self.unsandboxed = unsandboxed
+        self._sandbox: tuple[Sandbox | None, str] | None = None  # found at the first command
         self.editable_paths = tuple(editable_paths)
         self.allowed_commands = tuple(allowed_commands)
         self.command_seconds = float(command_seconds)
@@ -398,13 +406,30 @@ class Workspace:
 
     def digest(self, path: str) -> str | None:
         """The SHA-256 (hex) of the file at `path`, None if nothing is there; PolicyError if
-        the policy refuses the path, ToolError if it names a folder."""
+        the policy refuses the path, ToolError if it names a folder. The file's bytes are
+        kept in the blob folder under that digest, for `restore`."""
         real = self.resolve(path)
         if not os.path.lexists(real):
             return None
         if real.is_dir():
             raise ToolError(f"{show(path)} is a folder")
-        return _sha256_file(real)
+        return self._keep_file(real)
+
+    def _keep_file(self, real: Path) -> str:
+        """The SHA-256 of a regular file, its bytes kept in the blob folder under it (copied
+        while hashed; a blob already there is not written again)."""
+        h = hashlib.sha256()
+        tmp = self.blob_dir / f".incoming-{os.getpid()}-{threading.get_ident()}"
+        with os.fdopen(_open_regular(real), "rb") as f, open(tmp, "wb") as out:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+        digest = h.hexdigest()
+        if (self.blob_dir / digest).exists():
+            tmp.unlink()
+        else:
+            os.replace(tmp, self.blob_dir / digest)
+        return digest
 
     def touched(self, action: Action) -> list[str]:
         """The workspace-relative paths `action` may change, for receipts and for a log that
@@ -536,10 +561,17 @@ class Workspace:
     def _search(self, args: dict) -> tuple[str, None]:
         pattern, path = args["pattern"], args.get("path", ".")
         if args.get("regex", False):
+            # An automaton, not `re`: one pass over each line whatever the pattern, where
+            # backtracking could stall a step on a pattern such as (a+)+$.
+            from ..constrain.automata import DFA, TooLarge
+
             try:
-                matcher = re.compile(pattern).search
-            except re.error as e:
-                raise ToolError(f"bad regular expression: {e}") from None
+                matcher = DFA.from_search(pattern).accepts
+            except TooLarge:
+                raise ToolError(f"the regular expression {show(pattern)} needs too large an automaton (a long "
+                                "counted repetition, such as .{30}?); search with a simpler one") from None
+            except ValueError as e:
+                raise ToolError(f"bad regular expression: {str(e).removeprefix('regex: ')}") from None
         else:
             def matcher(line: str) -> bool:
                 return pattern in line
@@ -593,15 +625,43 @@ class Workspace:
         _write_bytes(real, data, None)
         return f"wrote {self.rel(real)}: {len(data)} bytes\n", None
 
+    def sandbox(self) -> tuple[Sandbox | None, str]:
+        """The sandbox commands run in, or None and why there is none (found once)."""
+        if self._sandbox is None:
+            self._sandbox = find_sandbox()
+        return self._sandbox
+
+    def describe_sandbox(self) -> str:
+        """One line: how commands run here (the sandbox and the limits, or why unsandboxed)."""
+        sandbox, why = self.sandbox()
+        limits = f"limits: {self.command_limits.describe()}, {self.command_seconds:g} s wall clock"
+        if sandbox is not None:
+            return f"sandbox: {sandbox.describe()}; {limits}"
+        if self.unsandboxed:
+            return f"sandbox: none, commands run unsandboxed (--unsandboxed-commands; {why}); {limits}"
+        return f"sandbox: none, commands are refused ({why}); {limits}"
+
     def _run(self, args: dict) -> tuple[str, int]:
         argv = args["command"]
         if any("\0" in a for a in argv):
             raise ToolError("an argument cannot hold a NUL byte")
+        sandbox, why = self.sandbox()
+        if sandbox is None and not self.unsandboxed:
+            raise PolicyError(f"{why}; or let commands run without one (--unsandboxed-commands)")
         home = Path(tempfile.mkdtemp(prefix="tiny-llm-home-"))
+        cgroup = None
         try:
             executable, env = self.prepare_command(argv, home)
-            proc = subprocess.Popen(argv, executable=executable, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            if sandbox is not None:
+                policy = Policy(self.root, readable_folders([executable], keep_out=[self.root, Path.home()]), home)
+                command, program = sandbox.wrap(argv, executable, policy), sandbox.program
+            else:
+                command, program = argv, executable
+            cgroup = PidsCgroup.make(self.command_limits.processes)
+            proc = subprocess.Popen(command, executable=program, cwd=self.root, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=child_setup(self.command_limits, cgroup))
+            self._mark_running(proc.pid)
             chunks, dropped = [], [0]
 
             def drain() -> None:  # read all of it, so the child never blocks on a full pipe
@@ -625,17 +685,91 @@ class Workspace:
             reader.join(timeout=5)
             proc.stdout.close()
         finally:
+            if cgroup is not None:
+                cgroup.close()  # and what left the process group, within the command's cgroup
+            self._running_file().unlink(missing_ok=True)
             shutil.rmtree(home, ignore_errors=True)
         text = self.cut(b"".join(chunks))
         if text and not text.endswith("\n"):
             text += "\n"
         if dropped[0]:
             text += f"[{dropped[0]} more bytes of output were dropped]\n"
+        unsandboxed = "" if sandbox is not None else "; not sandboxed (--unsandboxed-commands)"
         if timed_out:
-            text += f"[timed out after {self.command_seconds:g} s: killed, exit status {status}]\n"
+            text += f"[timed out after {self.command_seconds:g} s: killed, exit status {status}{unsandboxed}]\n"
         else:
-            text += f"[exit status {status}]\n"
+            text += f"[exit status {status}{self._limit_hit(status)}{unsandboxed}]\n"
         return text, status
+
+    def _limit_hit(self, status: int) -> str:
+        """Which limit a command's exit status shows it ran into (a signal the limit sends:
+        directly, or as bubblewrap reports it, 128 + the signal), or ""."""
+        signals = {signal.SIGXCPU: f"CPU time limit ({self.command_limits.cpu_seconds} s)",
+                   signal.SIGXFSZ: f"file size limit ({self.command_limits.file_bytes} bytes)"}
+        for number, what in signals.items():
+            if status in (-number, 128 + number):
+                return f": killed by the {what}"
+        return ""
+
+    # ---- no command outlives the agent ------------------------------------------------------
+
+    def _running_file(self) -> Path:
+        return self.blob_dir / "running.json"
+
+    def _mark_running(self, pid: int) -> None:
+        """Note the running command (its process group and start time) beside the blobs: a run
+        resumed after the agent was killed can make sure it is gone (`reap`)."""
+        _write_bytes(self._running_file(), json.dumps({"pid": pid, "start": _start_time(pid)}).encode(), None)
+
+    def reap(self) -> str:
+        """Kill a command a killed agent left running (in this blob folder's record), and wait
+        until it is gone; return what was done, "" if nothing was running. The process is
+        recognised by its start time, so a new process that reuses the number is left alone."""
+        try:
+            record = json.loads(self._running_file().read_text())
+            pid, start = int(record["pid"]), record["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+        said = ""
+        if start is not None and _start_time(pid) == start:
+            _kill_group(pid)
+            for _ in range(500):
+                if _start_time(pid) != start:
+                    break
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                threading.Event().wait(0.01)
+            said = f"killed the command the stopped run left running (process group {pid})"
+        self._running_file().unlink(missing_ok=True)
+        return said
+
+    # ---- undo -------------------------------------------------------------------------------
+
+    def restore(self, state: dict[str, str | None]) -> tuple[list[str], list[str]]:
+        """Make each path of `state` hold the kept bytes of its digest (None: no file there),
+        through the path policy (a path now leading out of the workspace is refused). Returns
+        the paths written and the paths removed; PolicyError/ToolError for what cannot be."""
+        written, removed = [], []
+        for path, digest in sorted(state.items()):
+            real = self.resolve(path)
+            now = self.digest(path) if os.path.lexists(real) and not real.is_dir() else None
+            if now == digest:
+                continue
+            if digest is None:
+                real.unlink()
+                removed.append(path)
+                continue
+            blob = self.blob_dir / digest
+            if not BLOB.fullmatch(digest) or not blob.is_file():
+                raise ToolError(f"{show(path)}: its bytes ({digest[:12]}...) are not in the blob folder {self.blob_dir}")
+            if real.is_dir():
+                raise ToolError(f"{show(path)} is a folder now; move it away first")
+            real.parent.mkdir(parents=True, exist_ok=True)
+            _write_bytes(real, blob.read_bytes(), None)
+            written.append(path)
+        return written, removed
 
     # ---- copies -----------------------------------------------------------------------------
 
@@ -656,7 +790,24 @@ class Workspace:
         shutil.copytree(self.root, dest, symlinks=True, ignore=special)
         return Workspace(dest, editable_paths=self.editable_paths, allowed_commands=self.allowed_commands,
                          command_seconds=self.command_seconds, output_bytes=self.output_bytes,
-                         blob_dir=self.blob_dir)
+                         blob_dir=self.blob_dir, command_limits=self.command_limits, unsandboxed=self.unsandboxed)
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (field 22 of /proc/PID/stat, in clock ticks since boot), or
+    None if it is gone or a zombie. Without /proc (macOS): "?" while the process exists."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.kill(pid, 0)
+            return "?"
+        except OSError:
+            return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _kill_group(pid: int) -> None:

@@ -1,13 +1,16 @@
-"""Engine — `tiny-llm agent run` and `tiny-llm agent eval`: a coding agent acting on a workspace,
-and its evaluation on task folders with held-out checks (week 4).
+"""Engine — `tiny-llm agent run`, `undo` and `eval`: a coding agent acting on a workspace, its
+steps undone, and its evaluation on task folders with held-out checks (week 4).
 
     tiny-llm agent run --workspace DIR --allow-command python3 "Fix the off-by-one in ranges.py"
     tiny-llm agent run --workspace DIR --resume LOG [--steer "Run the demo first."]
+    tiny-llm agent undo LOG --workspace DIR [--to-step N]
     tiny-llm agent eval examples/agent-tasks --scripted --runs 2 --seed 0
 
 The model is the in-process engine (`--model`, the default model by default), an
-OpenAI-compatible endpoint (`--base-url`), or a script of actions (`--scripted`). Every
-argument is checked before a model loads; bad input is one line and exit status 2.
+OpenAI-compatible endpoint (`--base-url`), or a script of actions (`--scripted`). Commands
+run in the operating system's sandbox (bubblewrap, Seatbelt), or are refused where there is
+none unless `--unsandboxed-commands` is given. Every argument is checked before a model
+loads; bad input is one line and exit status 2.
 """
 
 import argparse
@@ -46,6 +49,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                      help=f"the most tokens the run uses, prompt and completion, all steps (default {limits.tokens})")
     run.add_argument("--seconds", dest="limit_seconds", type=float, default=limits.seconds,
                      help=f"the most wall-clock seconds the run takes (default {limits.seconds:g})")
+    run.add_argument("--max-repeats", dest="limit_repeats", type=int, default=limits.repeats,
+                     help=f"end the run when the model proposes an action refused each time this many times in a "
+                          f"row (default {limits.repeats})")
     run.add_argument("--log", default=None, metavar="PATH",
                      help="the run log to write (JSON lines; default: a new file in the temporary folder); "
                           "it must not exist yet")
@@ -57,7 +63,19 @@ def add_parser(commands) -> argparse.ArgumentParser:
     run.add_argument("--scripted", default=None, metavar="FILE",
                      help="a scripted model instead of a real one: a JSON list of actions "
                           '({"tool": ..., "args": {...}}), proposed in order')
+    run.add_argument("--unsandboxed-commands", action="store_true",
+                     help="where no sandbox can be made (bubblewrap on Linux, Seatbelt on macOS), run commands "
+                          "without one instead of refusing them; each command's observation says so")
+    run.add_argument("--verbose", action="store_true", help="print the sandbox and limits commands run under")
+    for flag, (what, default) in _command_limit_flags().items():
+        run.add_argument(flag, type=int, default=default, metavar="N", help=f"{what} (default {default})")
     _add_model_choice(run)
+
+    undo = actions.add_parser("undo", help="put a workspace back as it was before a step of a run (logged)")
+    undo.add_argument("log", metavar="LOG", help="the run's log")
+    undo.add_argument("--workspace", required=True, metavar="DIR", help="the folder the run worked in")
+    undo.add_argument("--to-step", type=int, default=0, metavar="N",
+                      help="undo steps N and later (default 0: everything the run did)")
 
     ev = actions.add_parser("eval", help="run the agent on task folders and check each run with held-out checks")
     ev.add_argument("tasks", metavar="TASKS", help="a task folder, or a folder of task folders")
@@ -85,7 +103,7 @@ def _add_model_choice(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"run": run_agent_command, "eval": eval_command}[args.agent_command](args)
+    return {"run": run_agent_command, "eval": eval_command, "undo": undo_command}[args.agent_command](args)
 
 
 # ---- tiny-llm agent run ------------------------------------------------------------------
@@ -102,7 +120,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
                         ("--seconds", args.limit_seconds)):
         if not value > 0:
             raise UserError(f"{flag} must be positive, got {value:g}")
-    limits = Limits(args.limit_steps, args.limit_tokens, args.limit_seconds)
+    limits = Limits(args.limit_steps, args.limit_tokens, args.limit_seconds,
+                    _positive(args.limit_repeats, "--max-repeats"))
     if args.resume is not None:
         if args.task is not None:
             raise UserError("a resumed run takes its task from its log: drop the task text, or drop --resume")
@@ -112,9 +131,10 @@ def run_agent_command(args: argparse.Namespace) -> int:
         if not log_path.is_file():
             raise UserError(f"--resume {log_path}: no such run log")
         try:
-            events = RunLog.read(log_path)
+            contents = RunLog.load(log_path)
         except ValueError as e:
             raise UserError(str(e)) from None
+        events = contents.events
         if not events:
             raise UserError(f"--resume {log_path}: the run log is empty; start a new run instead")
         if args.steer is not None:
@@ -134,11 +154,16 @@ def run_agent_command(args: argparse.Namespace) -> int:
                             f"{log_path}, or pass another --log")
     script = _script(Path(args.scripted), "--scripted") if args.scripted else None
     workspace = _workspace(workspace_root, args, log_path)
-    model = _model(args, scripted=script)
+    proposed = sum(e.kind == "proposal" for e in events) if args.resume is not None else 0
+    model = _model(args, scripted=script, start=proposed)  # a resumed script goes on where the log stops
     print(f"log: {log_path}", file=sys.stderr)
+    if args.verbose:
+        print(workspace.describe_sandbox(), file=sys.stderr)
     if args.resume is not None:
         from ..agent.session import resume, steer
 
+        if contents.notice:
+            print(contents.notice, file=sys.stderr)
         if args.steer is not None:
             steer(log_path, args.steer)
         outcome = resume(log_path, model, workspace, limits, seed=args.seed)
@@ -161,12 +186,72 @@ def _show_step(step: int, messages: list[dict]) -> None:
 def _workspace(root: Path, args: argparse.Namespace, log_path: Path):
     from ..agent.workspace import Workspace
 
+    seconds, limits = _command_limits(args)
     try:
         return Workspace(root, editable_paths=tuple(args.editable or ("**",)),
                          allowed_commands=tuple(args.allow_command),
-                         blob_dir=log_path.parent / f"{log_path.stem}-blobs")  # kept outputs, beside the log
+                         blob_dir=_blob_dir(log_path), command_seconds=seconds, command_limits=limits,
+                         unsandboxed=args.unsandboxed_commands)
     except ValueError as e:
         raise UserError(f"--workspace {root}: {e}") from None
+
+
+def _command_limit_flags() -> dict[str, tuple[str, int]]:
+    """The flags of the limits every command runs under, with their help and defaults."""
+    from ..agent.sandbox import CommandLimits
+    from ..agent.workspace import Workspace
+
+    limits = CommandLimits()
+    seconds = int(Workspace.__init__.__kwdefaults__["command_seconds"])
+    return {"--command-seconds": ("wall-clock seconds a command may run", seconds),
+            "--command-cpu-seconds": ("CPU seconds a command may use", limits.cpu_seconds),
+            "--command-memory-mb": ("MiB of memory (address space) a command may use", limits.memory_bytes >> 20),
+            "--command-processes": ("processes and threads a command may run at once", limits.processes),
+            "--command-file-mb": ("MiB a command may write to one file", limits.file_bytes >> 20),
+            "--command-open-files": ("files a command may hold open at once", limits.open_files)}
+
+
+def _command_limits(args: argparse.Namespace):
+    """The workspace's command limits from the flags; one line for a value that is not positive."""
+    from ..agent.sandbox import CommandLimits
+
+    for flag in _command_limit_flags():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value < 1:
+            raise UserError(f"{flag} must be a positive integer, got {value}")
+    return args.command_seconds, CommandLimits(
+        cpu_seconds=args.command_cpu_seconds, memory_bytes=args.command_memory_mb << 20,
+        processes=args.command_processes, file_bytes=args.command_file_mb << 20, open_files=args.command_open_files)
+
+
+def _blob_dir(log_path: Path) -> Path:
+    """Where a run keeps whole outputs and the files its effects changed: beside its log."""
+    return log_path.parent / f"{log_path.stem}-blobs"
+
+
+# ---- tiny-llm agent undo -----------------------------------------------------------------
+
+
+def undo_command(args: argparse.Namespace) -> int:
+    from ..agent.loop import RunLog
+    from ..agent.session import undo
+    from ..agent.workspace import PolicyError, ToolError, Workspace
+
+    root = _folder(args.workspace, "--workspace")
+    log_path = Path(args.log)
+    if not log_path.is_file():
+        raise UserError(f"{log_path}: no such run log")
+    try:
+        RunLog.read(log_path)  # a log that cannot be read is one line, before anything is touched
+        workspace = Workspace(root, blob_dir=_blob_dir(log_path))
+        written, removed = undo(log_path, workspace, args.to_step)
+    except ValueError as e:  # PolicyError and ToolError too: a path or a blob that cannot be restored
+        kind = "" if type(e) in (ValueError, PolicyError, ToolError) else f"{type(e).__name__}: "
+        raise UserError(f"{kind}{e}".replace("to_step:", "--to-step:")) from None
+    print(f"undid step {args.to_step} and later of {log_path}: {_count(len(written), 'file')} restored, "
+          f"{len(removed)} removed" + "".join(f"\n  restored {p}" for p in written)
+          + "".join(f"\n  removed {p}" for p in removed))
+    return 0
 
 
 # ---- tiny-llm agent eval -----------------------------------------------------------------
@@ -224,14 +309,15 @@ def _show_run(task, result: dict) -> None:
 # ---- shared -------------------------------------------------------------------------------
 
 
-def _model(args: argparse.Namespace, *, scripted: list | None):
-    """The model of the flags: a script, an OpenAI-compatible endpoint, or the in-process
-    engine (loaded last, once every other argument has been checked)."""
+def _model(args: argparse.Namespace, *, scripted: list | None, start: int = 0):
+    """The model of the flags: a script (from its item `start`), an OpenAI-compatible
+    endpoint, or the in-process engine (loaded last, once every other argument has been
+    checked)."""
     from ..agent.models import EndpointModel, EngineModel, ScriptedModel
 
     if scripted is not None:
         _no_model_flags(args)
-        return ScriptedModel(scripted)
+        return ScriptedModel(scripted, start=start)
     if args.base_url is not None:
         if not args.base_url.startswith(("http://", "https://")):
             raise UserError(f"--base-url must be an http:// or https:// URL, got {args.base_url!r}")
@@ -284,6 +370,16 @@ def _command_exists(command: str, what: str) -> None:
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
     if shutil.which(command, path=path) is None:
         raise UserError(f"{what} {command!r}: no such command on PATH")
+
+
+def _positive(value: int, flag: str) -> int:
+    if not value > 0:
+        raise UserError(f"{flag} must be positive, got {value}")
+    return value
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _nonempty(text: str, what: str) -> str:
