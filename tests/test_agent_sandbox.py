@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from test_week4_day1 import FakeEndpoint
 from tiny_llm.agent.loop import RunLog
 from tiny_llm.agent.sandbox import find_sandbox
-from test_week4_day1 import FakeEndpoint
 from tiny_llm.cli import main
 
 SECRET = "TOPSECRET-7f3a"  # a file outside the workspace holds it; no model may ever see it
@@ -285,3 +285,35 @@ def test_without_a_sandbox_commands_are_refused_unless_allowed_unsandboxed(tmp_p
     status, events = agent(tmp_path, ws, [python("print('ran')"), finish()], "--unsandboxed-commands",
                            log="open.jsonl")
     assert observations(events)[0] == "ran\n[exit status 0; not sandboxed (--unsandboxed-commands)]\n"
+
+
+def test_readable_folders_are_the_programs_installations_not_the_users_folders(tmp_path):
+    from tiny_llm.agent.sandbox import readable_folders
+
+    prefix = tmp_path / "tools" / "py"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "tool").write_text("")
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "bin").mkdir()
+    (tmp_path / "ws" / "bin" / "own").write_text("")
+    (tmp_path / "link").symlink_to(prefix / "bin" / "tool")
+    found = readable_folders([str(tmp_path / "link"), str(tmp_path / "ws" / "bin" / "own"), "/usr/bin/env"],
+                             keep_out=[tmp_path / "ws"])
+    # The link's own folder is nobody's installation: the link alone; its target's whole
+    # installation; a program inside the workspace: that file only; /usr: bound already.
+    assert found == (tmp_path / "link", prefix, tmp_path / "ws" / "bin" / "own")
+
+
+def test_the_seatbelt_profile_holds_the_same_policy():
+    from tiny_llm.agent.sandbox import Policy, seatbelt_profile
+
+    profile = seatbelt_profile(Policy(Path('/Users/a/w"s'), (Path("/opt/py"),), Path("/private/tmp/h")))
+    lines = profile.splitlines()
+    assert lines[:2] == ["(version 1)", "(deny default)"] and "(deny network*)" in lines
+    write = profile[profile.index("(allow file-write*"):]
+    write = write[:write.index(")\n(") + 1]
+    assert '(subpath "/Users/a/w\\"s")' in write and '(subpath "/private/tmp/h")' in write
+    assert "/opt/py" not in write and "/usr" not in write  # readable, not writable
+    read = profile[profile.index("(allow file-read*"):profile.index("(allow file-write*")]
+    assert '(subpath "/opt/py")' in read and '(subpath "/usr")' in read and "/Users/a\n" not in read
+    assert profile.count("(") == profile.count(")")

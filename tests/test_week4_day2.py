@@ -679,35 +679,3 @@ def test_the_real_bwrap_keeps_the_command_inside(tree, tmp_path):
     obs = act(ws, "run", command=["python", "-c", code])
     assert obs.text == "False True\n[exit status 0]\n"
     assert not (root.parent / "x").exists()
-
-
-def test_readable_folders_are_the_programs_installations_not_the_users_folders(tmp_path):
-    from tiny_llm.agent.sandbox import readable_folders
-
-    prefix = tmp_path / "tools" / "py"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "tool").write_text("")
-    (tmp_path / "ws").mkdir()
-    (tmp_path / "ws" / "bin").mkdir()
-    (tmp_path / "ws" / "bin" / "own").write_text("")
-    (tmp_path / "link").symlink_to(prefix / "bin" / "tool")
-    found = readable_folders([str(tmp_path / "link"), str(tmp_path / "ws" / "bin" / "own"), "/usr/bin/env"],
-                             keep_out=[tmp_path / "ws"])
-    # The link's own folder is nobody's installation: the link alone; its target's whole
-    # installation; a program inside the workspace: that file only; /usr: bound already.
-    assert found == (tmp_path / "link", prefix, tmp_path / "ws" / "bin" / "own")
-
-
-def test_the_seatbelt_profile_holds_the_same_policy():
-    from tiny_llm.agent.sandbox import Policy, seatbelt_profile
-
-    profile = seatbelt_profile(Policy(Path('/Users/a/w"s'), (Path("/opt/py"),), Path("/private/tmp/h")))
-    lines = profile.splitlines()
-    assert lines[:2] == ["(version 1)", "(deny default)"] and "(deny network*)" in lines
-    write = profile[profile.index("(allow file-write*"):]
-    write = write[:write.index(")\n(") + 1]
-    assert '(subpath "/Users/a/w\\"s")' in write and '(subpath "/private/tmp/h")' in write
-    assert "/opt/py" not in write and "/usr" not in write  # readable, not writable
-    read = profile[profile.index("(allow file-read*"):profile.index("(allow file-write*")]
-    assert '(subpath "/opt/py")' in read and '(subpath "/usr")' in read and "/Users/a\n" not in read
-    assert profile.count("(") == profile.count(")")
