@@ -204,13 +204,17 @@ def test_forced_tool_calls_always_parse_and_validate(client):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
         assert call.id.startswith("call_") and call.type == "function"
     assert len({c.message.tool_calls[0].function.arguments for c in reply.choices}) > 1  # sampled
-    # A named function, streamed: the call arrives as a delta.
+    # A named function, streamed: the call arrives as it is written, its id and name first,
+    # then its arguments in pieces (one a token), which add up to valid arguments.
     chunks = list(client.chat.completions.create(
         model=NAME, messages=chat("Weather?"), tools=[WEATHER, TIME], seed=1, max_tokens=300, stream=True,
         tool_choice={"type": "function", "function": {"name": "get_weather"}}))
     calls = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert [c.function.name for c in calls] == ["get_weather"] and calls[0].index == 0
-    jsonschema.validate(json.loads(calls[0].function.arguments), schemas["get_weather"])
+    first, pieces = calls[0], calls[1:]
+    assert (first.index, first.function.name, first.function.arguments, first.type) == (0, "get_weather", "", "function")
+    assert first.id.startswith("call_") and len(pieces) > 3
+    assert all(p.index == 0 and p.id is None and p.function.name is None for p in pieces)
+    jsonschema.validate(json.loads("".join(p.function.arguments for p in pieces)), schemas["get_weather"])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -233,8 +237,10 @@ def test_an_auto_tool_call_round_trip_with_a_tool_reply(client, tiny):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     calls = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
     assert "<tool_call>" not in streamed and streamed.strip() == "Checking."
-    assert [(c.function.name, c.function.arguments) for c in calls] == [
-        (c.function.name, c.function.arguments) for c in message.tool_calls]
+    # The call as written: its name first, then its arguments, which add up to the whole reply's.
+    assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+    assert [c.function.name for c in calls[1:]] == [None] * (len(calls) - 1)
+    assert "".join(c.function.arguments for c in calls) == message.tool_calls[0].function.arguments
 
     conversation = messages + [
         {"role": "assistant", "content": message.content, "tool_calls": [c.model_dump() for c in message.tool_calls]},

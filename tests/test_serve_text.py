@@ -258,3 +258,42 @@ def test_two_constraints_are_refused_naming_every_source(ctx):
         parse(chat(regex="a", grammar='root ::= "a"'), "chat", ctx)
     assert e.value.message == "send one of response_format, grammar, regex and json_schema, not grammar and regex"
     assert e.value.param == "regex"
+
+
+def test_a_call_streams_its_name_then_its_arguments_as_written():
+    """Fed a few characters at a time, a call block gives its id and name as soon as they are
+    written, then its arguments in pieces; the whole call has the same id and, as arguments,
+    exactly the pieces joined. Content around the block is untouched."""
+    from tiny_llm.serve.text import ToolCallText
+
+    text = ('Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris}", "n": {"a": 1}}}\n'
+            '</tool_call> then <tool_call>\n{"name": "t", "arguments": {}}\n</tool_call>')
+    split = ToolCallText()
+    content, calls, deltas = "", [], []
+    for i in range(0, len(text), 3):
+        c, done = split.feed(text[i:i + 3])
+        content, calls, deltas = content + c, calls + done, deltas + split.deltas()
+        if done == [] and deltas and not calls:
+            assert deltas[0].name == "get_weather"  # known before the block closes
+    c, done = split.finish()
+    content, calls = content + c, calls + done
+    assert content == "Sure.  then "
+    starts = [d for d in deltas if d.id is not None]
+    assert [(d.index, d.name, d.arguments) for d in starts] == [(0, "get_weather", ""), (1, "t", "")]
+    assert [c.id for c in calls] == [d.id for d in starts] and all(c.streamed for c in calls)
+    for k, call in enumerate(calls):
+        assert "".join(d.arguments for d in deltas if d.index == k) == call.arguments
+    assert calls[0].arguments == '{"city": "Pa\\"ris}", "n": {"a": 1}}' and calls[1].arguments == "{}"
+    assert len([d for d in deltas if d.index == 0]) > 5  # in pieces, not at once
+
+
+def test_a_block_that_starts_otherwise_comes_whole_and_a_broken_one_as_text():
+    from tiny_llm.serve.text import ToolCallText
+
+    split = ToolCallText()
+    out = split.feed('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call><tool_call>{"name": "g", '
+                     '"arguments": {"y": </tool_call>')
+    assert split.deltas()[0].name == "g"  # the broken block began as a call
+    assert out == ('<tool_call>{"name": "g", "arguments": {"y": </tool_call>', [out[1][0]])
+    (call,) = out[1]
+    assert (call.name, call.arguments, call.streamed) == ("f", '{"x": 1}', False)

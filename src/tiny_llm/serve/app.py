@@ -1,8 +1,8 @@
-"""Engine — the server's HTTP layer: OpenAI's endpoints on Starlette, served by uvicorn.
+"""Engine — the server's HTTP layer: its endpoints on Starlette, served by uvicorn.
 
 Handlers read and check requests (`protocol.parse`, no MLX), hand them to the engine
-thread, and turn its events into OpenAI's response shapes: one JSON answer, or
-Server-Sent Events with `stream: true`.
+thread, and turn its events into each API's response shapes (`reply.py`): one JSON
+answer, or Server-Sent Events with `stream: true`.
 """
 
 import asyncio
@@ -11,7 +11,6 @@ import json
 import sys
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -23,10 +22,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from ..batch import TokenLogprobs
-from .engine import Engine, EngineStopped, Event, Handle, QueueFull
+from .engine import Engine, EngineStopped, Handle, QueueFull
 from .guard import Exchange, Guard, Limits
 from .openapi import describe
-from .protocol import Context, Job, RequestError, encode, parse
+from .protocol import Context, RequestError, encode, parse
+from .reply import CHAT, COMPLETIONS, Api, Reply, error_response
 
 
 class Server:
@@ -90,12 +90,6 @@ class Server:
         return out
 
 
-def error_response(error: RequestError) -> JSONResponse:
-    """OpenAI's error shape; a 503 (busy, shutting down) says when to retry."""
-    return JSONResponse(error.to_openai(), status_code=error.status,
-                        headers={"Retry-After": "1"} if error.status == 503 else None)
-
-
 def timed_out(limits: Limits) -> RequestError:
     return RequestError(f"the request took longer than this server's limit of {limits.request_timeout:g} s "
                         f"(--request-timeout)", status=408, type="timeout_error", code="request_timeout")
@@ -112,22 +106,22 @@ def create_app(server: Server) -> Starlette:
         finally:
             await run_in_threadpool(server.engine.stop)
 
-    def endpoint(name: str, handler, *, auth: bool = True):
+    def endpoint(name: str, handler, *, auth: bool = True, error=error_response):
         async def handle(request: Request) -> Response:
             try:
                 if auth and server.api_key is not None:
                     _check_key(request, server.api_key)
                 response = await handler(request)
             except RequestError as e:
-                response = error_response(e)
+                response = error(e)
             except ClientDisconnect:  # the body broke off: nobody is left to answer
                 response = Response(status_code=499)
             except Exception as e:  # a bug of ours: the client still gets OpenAI's error shape
                 print(f"tiny-llm: error: id={request.scope['tiny_llm'].id} {request.method} {request.url.path}: "
                       f"internal error", file=sys.stderr, flush=True)
                 traceback.print_exc()
-                response = error_response(RequestError(f"internal error: {type(e).__name__}: {e}", status=500,
-                                                       type="server_error"))
+                response = error(RequestError(f"internal error: {type(e).__name__}: {e}", status=500,
+                                              type="server_error"))
             server.metrics.requests.labels(name, str(response.status_code)).inc()
             return response
 
@@ -179,11 +173,11 @@ def create_app(server: Server) -> Starlette:
             raise RequestError(f"tokens must be a list of token ids in [0, {vocab}), got {tokens!r}"[:300], "tokens")
         return JSONResponse({"prompt": server.ctx.tokenizer.decode(tokens)})
 
-    async def chat(request: Request) -> Response:
-        return await _generate(server, request, "chat")
+    def generate(api: Api):
+        async def handle(request: Request) -> Response:
+            return await _generate(server, request, api)
 
-    async def completions(request: Request) -> Response:
-        return await _generate(server, request, "completion")
+        return endpoint(api.name, handle, error=api.error)
 
     routes = [
         Route("/", endpoint("page", page, auth=False)),
@@ -192,8 +186,8 @@ def create_app(server: Server) -> Starlette:
         Route("/openapi.json", endpoint("openapi", openapi, auth=False)),
         Route("/v1/models", endpoint("models", models)),
         Route("/v1/models/{model:path}", endpoint("models", model)),
-        Route("/v1/chat/completions", endpoint("chat", chat), methods=["POST"]),
-        Route("/v1/completions", endpoint("completions", completions), methods=["POST"]),
+        Route("/v1/chat/completions", generate(CHAT), methods=["POST"]),
+        Route("/v1/completions", generate(COMPLETIONS), methods=["POST"]),
         Route("/tokenize", endpoint("tokenize", tokenize), methods=["POST"]),
         Route("/detokenize", endpoint("detokenize", detokenize), methods=["POST"]),
     ]
@@ -213,12 +207,13 @@ def _model_card(server: Server) -> dict:
 
 
 def _check_key(request: Request, key: str) -> None:
-    """The `Authorization: Bearer KEY` header, compared in constant time."""
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise RequestError("missing or wrong API key (send Authorization: Bearer <key>)", status=401,
-                           code="invalid_api_key")
+    """The `Authorization: Bearer KEY` header (OpenAI's clients) or `x-api-key: KEY`
+    (Anthropic's), compared in constant time."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise RequestError("missing or wrong API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
+                           status=401, code="invalid_api_key")
 
 
 async def _json_body(request: Request, limit: int):
@@ -249,9 +244,10 @@ def _remaining(exchange: Exchange) -> float | None:
     return None if exchange.deadline is None else max(0.0, exchange.deadline - time.monotonic())
 
 
-async def _generate(server: Server, request: Request, kind: str) -> Response:
+async def _generate(server: Server, request: Request, api: Api) -> Response:
     exchange: Exchange = request.scope["tiny_llm"]
     body = await _json_body(request, server.limits.max_body_bytes)
+    body, kind = await run_in_threadpool(api.translate, body, server)
     job = await run_in_threadpool(parse, body, kind, server.ctx)
     exchange.prompt_tokens = len(job.prompt)
     try:
@@ -273,7 +269,7 @@ async def _generate(server: Server, request: Request, kind: str) -> Response:
         raise
     if isinstance(first, RequestError):
         raise first
-    reply = Reply(server, job, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", exchange)
+    reply = api.reply(server, job, exchange)
     if job.stream:
         return StreamingResponse(_stream(server, handle, reply), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -306,12 +302,13 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _stream(server: Server, handle: Handle, reply: "Reply"):
-    """Server-Sent Events: a chunk per event, then usage (when asked) and `[DONE]`. The job
-    is cancelled if the client goes away before the end."""
+async def _stream(server: Server, handle: Handle, reply: Reply):
+    """Server-Sent Events in the API's shape: its opening events, events as the job's come,
+    its closing events (or the error that ends the stream). The job is cancelled if the
+    client goes away before the end."""
     try:
-        for chunk in reply.opening():
-            yield _sse(chunk)
+        for piece in reply.stream_opening():
+            yield piece
         while not reply.done:
             try:
                 event = await asyncio.wait_for(handle.queue.get(), _remaining(reply.exchange))
@@ -319,140 +316,20 @@ async def _stream(server: Server, handle: Handle, reply: "Reply"):
                 server.engine.cancel(handle)
                 server.metrics.timed_out.inc()
                 reply.error = "timed out"  # done: the job has left the engine
-                yield _sse(_ended(reply, timed_out(server.limits)))
-                yield "data: [DONE]\n\n"
+                for piece in reply.stream_failed(_ended(reply, timed_out(server.limits))):
+                    yield piece
                 return
-            for chunk in reply.add(event):
-                yield _sse(chunk)
-        if reply.error:
-            yield _sse(_ended(reply, reply.request_error()))
-        elif reply.job.include_usage:
-            yield _sse(reply.usage_chunk())
-        yield "data: [DONE]\n\n"
+            for piece in reply.stream_event(event):
+                yield piece
+        pieces = reply.stream_failed(_ended(reply, reply.request_error())) if reply.error else reply.stream_closing()
+        for piece in pieces:
+            yield piece
     finally:
         if not reply.done:
             server.engine.cancel(handle)
 
 
-def _ended(reply: "Reply", error: RequestError) -> dict:
-    """The error chunk that ends a stream; the access line says the stream ended so."""
+def _ended(reply: Reply, error: RequestError) -> RequestError:
+    """The error that ends a stream; the access line says the stream ended so."""
     reply.exchange.ended = f" ended: {error.status} {error.code or error.type}"
-    return error.to_openai()
-
-
-def _sse(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-class Reply:
-    """The answer to one job, built from its events: each choice's text, tool calls,
-    log-probabilities, finish reason and token count; and the stream chunks of each event.
-
-    A job that spelled its tools the deprecated way (`functions`) gets its call in the
-    deprecated shape: `function_call` (one call, the first the reply holds) and
-    `finish_reason: "function_call"`, no `tool_calls`."""
-
-    def __init__(self, server: Server, job: Job, id: str, exchange: Exchange):
-        self.server, self.job, self.id, self.exchange = server, job, id, exchange
-        self.created = int(time.time())
-        n = len(job.params)
-        self.texts, self.calls = [""] * n, [[] for _ in range(n)]
-        self.logprobs: list[list] = [[] for _ in range(n)]
-        self.finish: list[str | None] = [None] * n
-        self.tokens = [0] * n
-        self.cached_tokens = 0  # of the prompt, found in the prefix cache
-        self.error: str | None = None
-        self.error_status = 500
-
-    def request_error(self) -> RequestError:
-        """The error that ended the job: the request's own fault below 500, the server's above."""
-        kind = "invalid_request_error" if self.error_status < 500 else "server_error"
-        return RequestError(self.error, status=self.error_status, type=kind)
-
-    @property
-    def done(self) -> bool:
-        return self.error is not None or all(self.finish)
-
-    def _chunk(self, choices: list[dict]) -> dict:
-        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.job.kind == "chat" else "text_completion",
-                 "created": self.created, "model": self.job.model, "choices": choices}
-        if self.job.include_usage:
-            chunk["usage"] = None
-        return chunk
-
-    def _reason(self, finish: str | None) -> str | None:
-        return "function_call" if self.job.legacy and finish == "tool_calls" else finish
-
-    def opening(self) -> list[dict]:
-        if self.job.kind != "chat":
-            return []
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None} for i in range(len(self.job.params))])]
-
-    def add(self, event: Event) -> list[dict]:
-        """Record `event`; return its stream chunks."""
-        i = event.index
-        if event.finish_reason == "error":
-            self.error, self.error_status = event.error, event.status
-            return []
-        if self.exchange.first_token is None:
-            self.exchange.first_token = time.monotonic() - self.exchange.started
-        offset = len(self.texts[i])
-        self.texts[i] += event.text
-        self.tokens[i] = max(self.tokens[i], event.tokens)
-        self.exchange.completion_tokens = sum(self.tokens)
-        self.cached_tokens = max(self.cached_tokens, event.cached_tokens)
-        self.finish[i] = event.finish_reason
-        first_call = len(self.calls[i])
-        self.calls[i] += event.tool_calls
-        entry = None
-        if event.logprobs is not None and event.token is not None:
-            if self.job.kind == "chat":
-                entry = self.server.chat_logprobs(event.token, event.logprobs)
-            else:
-                entry = (event.token, event.logprobs, offset)
-            self.logprobs[i].append(entry)
-        if not self.job.stream:
-            return []
-        if self.job.kind == "chat":
-            delta = {"content": event.text} if event.text else {}
-            if event.tool_calls and self.job.legacy:
-                if first_call == 0:
-                    delta["function_call"] = event.tool_calls[0].to_legacy()
-            elif event.tool_calls:
-                delta["tool_calls"] = [c.to_openai(first_call + k) for k, c in enumerate(event.tool_calls)]
-            logprobs = {"content": [entry]} if entry is not None else None
-            choice = {"index": i, "delta": delta, "logprobs": logprobs,
-                      "finish_reason": self._reason(event.finish_reason)}
-        else:
-            logprobs = self.server.completion_logprobs([entry]) if entry is not None else None
-            choice = {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}
-        return [self._chunk([choice])]
-
-    def usage(self) -> dict:
-        prompt, completion = len(self.job.prompt), sum(self.tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
-
-    def usage_chunk(self) -> dict:
-        return {**self._chunk([]), "usage": self.usage()}
-
-    def whole(self) -> dict:
-        choices = []
-        for i in range(len(self.job.params)):
-            if self.job.kind == "chat":
-                text = self.texts[i].strip() if self.calls[i] else self.texts[i]
-                message = {"role": "assistant", "content": text or (None if self.calls[i] else "")}
-                if self.calls[i] and self.job.legacy:
-                    message["function_call"] = self.calls[i][0].to_legacy()
-                elif self.calls[i]:
-                    message["tool_calls"] = [c.to_openai() for c in self.calls[i]]
-                logprobs = {"content": self.logprobs[i]} if self.job.logprobs is not None else None
-                choices.append({"index": i, "message": message, "logprobs": logprobs,
-                                "finish_reason": self._reason(self.finish[i])})
-            else:
-                logprobs = self.server.completion_logprobs(self.logprobs[i]) if self.job.logprobs is not None else None
-                choices.append({"index": i, "text": self.texts[i], "logprobs": logprobs,
-                                "finish_reason": self.finish[i]})
-        return {"id": self.id, "object": "chat.completion" if self.job.kind == "chat" else "text_completion",
-                "created": self.created, "model": self.job.model, "choices": choices, "usage": self.usage()}
+    return error

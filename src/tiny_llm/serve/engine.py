@@ -28,7 +28,7 @@ from .faults import Faults
 from .metrics import Metrics
 from .protocol import Job, RequestError
 from .lockstep import HEARTBEAT, Leader
-from .text import StopStrings, ToolCall, ToolCallText
+from .text import StopStrings, ToolCall, ToolCallDelta, ToolCallText
 
 
 class QueueFull(Exception):
@@ -42,14 +42,15 @@ class EngineStopped(Exception):
 @dataclass
 class Event:
     """A piece of one choice: new text, the token it came from (with its log-probabilities
-    when asked for), completed tool calls, and at the end why it finished and how many
-    tokens it drew."""
+    when asked for), tool calls as they are written and once complete, and at the end why
+    it finished and how many tokens it drew."""
 
     index: int
     text: str = ""
     token: int | None = None
     logprobs: TokenLogprobs | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_deltas: list[ToolCallDelta] = field(default_factory=list)  # calls as they are written
     finish_reason: str | None = None  # "stop", "length", "tool_calls" or "error"
     error: str | None = None
     status: int = 500  # the HTTP status of an error (503: the server is shutting down)
@@ -360,7 +361,7 @@ class Engine:
                 self.gen.cancel(r.uid)  # the row leaves before the next step
         elif finish:
             text += choice.stops.flush()
-        calls = []
+        calls, deltas = [], []
         if choice.tools:
             text, calls = choice.tools.feed(text)
             if finish:
@@ -368,9 +369,10 @@ class Engine:
                 text, calls = text + rest, calls + more
                 if finish == "stop" and choice.tools.calls:
                     finish = "tool_calls"
+            deltas = choice.tools.deltas()
         eos = r.finish_reason == "stop"  # the end-of-sequence token: not part of the reply
         if finish:
             del self._choices[r.uid]
-        if text or calls or finish or (r.logprobs and not eos):
+        if text or calls or deltas or finish or (r.logprobs and not eos):
             handle.put(Event(choice.index, text, None if eos else r.token, None if eos else r.logprobs,
-                             calls, finish, tokens=r.generation_tokens, cached_tokens=r.cached_tokens))
+                             calls, deltas, finish, tokens=r.generation_tokens, cached_tokens=r.cached_tokens))

@@ -6,6 +6,7 @@ cannot be: a client never sees half a stop string or half a tool-call tag.
 """
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,11 +53,13 @@ class StopStrings:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed call, in OpenAI's shape (`arguments` is JSON text)."""
+    """One parsed call, in OpenAI's shape (`arguments` is JSON text). `streamed`: its name
+    and arguments went out before as `ToolCallDelta`s (so a stream does not send it again)."""
 
     name: str
     arguments: str
     id: str
+    streamed: bool = False
 
     def to_openai(self, index: int | None = None) -> dict:
         call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -65,6 +68,19 @@ class ToolCall:
     def to_legacy(self) -> dict:
         """The deprecated `function_call` shape (no id)."""
         return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a call as the model writes it: the first of a call carries its `id` and
+    `name` (as soon as the name is known), the others more of its `arguments` JSON text.
+    `index`: which call of the choice it belongs to (from 0). The pieces of a call's
+    arguments joined are the `arguments` of its `ToolCall`."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
 
 
 def parse_tool_call(body: str) -> ToolCall | None:
@@ -87,14 +103,101 @@ def parse_tool_call(body: str) -> ToolCall | None:
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
 
 
+# The start of a call block as models write it: the name, then the arguments object.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+
+def _object_end(text: str) -> int | None:
+    """Where the JSON object at the start of `text` ends (the index after its closing brace),
+    or None while it is still open: braces counted outside strings."""
+    depth, in_string, escaped = 0, False, False
+    for i, c in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
+class _OpenCall:
+    """A call block being written: its id and name once known, and how much of its
+    arguments text has gone out as deltas."""
+
+    def __init__(self, index: int):
+        self.index, self.id, self.name = index, f"call_{uuid.uuid4().hex[:24]}", None
+        self.arguments_at: int | None = None  # where the arguments object starts in the block's body
+        self.sent = 0  # characters of the arguments sent
+
+
 class ToolCallText:
     """Splits a reply into content and tool calls as it streams. `feed` returns the content
     to show now and the calls completed by this piece; `finish` what is left at the end. A
-    block that does not parse is shown as content, tags and all: nothing is lost."""
+    block that does not parse is shown as content, tags and all: nothing is lost.
+
+    While a block is written, `deltas()` gives the call as it grows: its id and name as soon
+    as `{"name": "...", "arguments": ` is there, then its arguments text piece by piece. The
+    whole call that follows has the same id and, as its arguments, the very text those
+    pieces add up to (`streamed=True`). A block whose pieces went out but which does not
+    parse in the end is still shown as content."""
 
     def __init__(self):
         self.pending = ""  # text not yet shown: a possible opening tag, or an open block
         self.calls: list[ToolCall] = []
+        self._open: _OpenCall | None = None
+        self._deltas: list[ToolCallDelta] = []
+        self._started = 0  # calls whose pieces began (the next call's index)
+
+    def deltas(self) -> list[ToolCallDelta]:
+        """The pieces of calls written since the last time asked."""
+        out, self._deltas = self._deltas, []
+        return out
+
+    def _grow(self, block: str) -> None:
+        """The pieces of the open call block `block` (its text so far, from the opening tag)
+        that are new since the last look."""
+        if self._open is None:
+            self._open = _OpenCall(self._started)
+        call, body = self._open, block[len(TOOL_CALL_OPEN):]
+        if call.arguments_at is None:
+            head = _CALL_HEAD.match(body)
+            if head is None:
+                return
+            try:
+                call.name = json.loads(head[1])
+            except json.JSONDecodeError:
+                return
+            call.arguments_at = head.end()
+            self._started += 1
+            self._deltas.append(ToolCallDelta(call.index, "", call.id, call.name))
+        arguments = body[call.arguments_at:]
+        end = _object_end(arguments)
+        ready = arguments if end is None else arguments[:end]
+        if len(ready) > call.sent:
+            self._deltas.append(ToolCallDelta(call.index, ready[call.sent:]))
+            call.sent = len(ready)
+
+    def _close(self, block: str) -> ToolCall | None:
+        """The call of a finished block (its text from the opening tag, without the closing
+        one), with the id and the arguments text its pieces had; None if it is no call."""
+        self._grow(block)
+        opened, self._open = self._open, None
+        body = block[len(TOOL_CALL_OPEN):]
+        call = parse_tool_call(body)
+        if call is None or opened.arguments_at is None or opened.name != call.name:
+            return call
+        text = body[opened.arguments_at:]
+        return ToolCall(call.name, text[:_object_end(text)], opened.id, streamed=True)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.pending += text
@@ -110,10 +213,11 @@ class ToolCallText:
             self.pending = self.pending[start:]
             end = self.pending.find(TOOL_CALL_CLOSE)
             if end < 0:
+                self._grow(self.pending)
                 break  # the block goes on in the next piece
             block = self.pending[: end + len(TOOL_CALL_CLOSE)]
             self.pending = self.pending[len(block):]
-            call = parse_tool_call(block[len(TOOL_CALL_OPEN): -len(TOOL_CALL_CLOSE)])
+            call = self._close(block[: -len(TOOL_CALL_CLOSE)])
             if call is None:
                 content.append(block)
             else:
@@ -126,7 +230,7 @@ class ToolCallText:
         model ended before the closing tag) counts as a call; anything else is content."""
         rest, self.pending = self.pending, ""
         if rest.startswith(TOOL_CALL_OPEN):
-            call = parse_tool_call(rest[len(TOOL_CALL_OPEN):])
+            call = self._close(rest)
             if call is not None:
                 self.calls.append(call)
                 return "", [call]
