@@ -80,6 +80,9 @@ def test_a_failed_step_fails_its_batch_and_the_engine_goes_on(tiny_dir):
         assert "injected fault: the tokenizer failed" in error_of(boom, 500)["message"]
         request_id = boom.headers["X-Request-Id"]
         assert server.get("/health").json()["engine"]["failures"] == 1
+        refused = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                       "temperature": 9})
+        assert refused.status_code == 400
 
     log = server.log_text
     # One access line per request, each naming its id; the error's traceback names it too.
@@ -87,6 +90,9 @@ def test_a_failed_step_fails_its_batch_and_the_engine_goes_on(tiny_dir):
     access = re.findall(r"^tiny-llm: access: id=(\S+) (\S+) (\S+) (\d+) ", log, re.M)
     assert (request_id, "POST", "/v1/completions", "500") in access
     assert sum(path == "/v1/completions" for _, _, path, _ in access) == 3 + 6 + 2
+    # A refused request's line says why: the error's code and the field at fault.
+    line = next(line for line in log.splitlines() if f"access: id={refused.headers['X-Request-Id']} " in line)
+    assert " 400 " in line and line.endswith(" error: invalid_request_error param=temperature")
     assert "the engine goes on with a new batch" in log
 
 

@@ -143,6 +143,9 @@ def test_a_good_request_becomes_a_job(ctx, default_tokenizer):
 
 @pytest.mark.parametrize("body, param, status", [
     (chat(temperature=-1), "temperature", 400),
+    (chat(temperature=2.5), "temperature", 400),  # OpenAI's range is 0 to 2
+    (chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools[0].function.name", 400),
+    (chat(tools=[{"type": "function", "function": {"name": "x" * 65}}]), "tools[0].function.name", 400),
     (chat(temperature="hot"), "temperature", 400),
     (chat(top_k=1.5), "top_k", 400),
     (chat(n=0), "n", 400),

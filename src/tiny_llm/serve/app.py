@@ -114,6 +114,9 @@ def create_app(server: Server) -> Starlette:
                 response = await handler(request)
             except RequestError as e:
                 response = error(e)
+                if "tiny_llm" in request.scope:  # the access line says why
+                    request.scope["tiny_llm"].refused = (f" error: {e.code or e.type}"
+                                                         + (f" param={e.param}" if e.param else ""))
             except ClientDisconnect:  # the body broke off: nobody is left to answer
                 response = Response(status_code=499)
             except Exception as e:  # a bug of ours: the client still gets OpenAI's error shape

@@ -47,6 +47,7 @@ class Exchange:
     first_token: float | None = None  # seconds from arrival to the first token
     cancel: Callable[[], None] | None = None  # takes the request's job out of the engine
     ended: str = ""  # how a response begun with 200 ended in an error: its status and type
+    refused: str = ""  # why an error response was sent: its code (or type) and the field at fault
 
 
 class SlowClient(Exception):
@@ -140,4 +141,5 @@ class Guard:
                 print(f"tiny-llm: access: id={exchange.id} {scope.get('method', '-')} {path} {status or '-'} "
                       f"prompt_tokens={exchange.prompt_tokens} completion_tokens={exchange.completion_tokens} "
                       f"ttft={ttft} time={time.monotonic() - exchange.started:.3f} "
-                      f"client={client[0]}:{client[1]}{note or exchange.ended}", file=sys.stderr, flush=True)
+                      f"client={client[0]}:{client[1]}{note or exchange.ended or exchange.refused}", file=sys.stderr,
+                      flush=True)

@@ -21,12 +21,12 @@ from ..sampler import SamplingParams
 from ..sampler.draw import DRAWS
 from ..sampler.params import ALIASES, PRESETS, STAGES
 from .protocol import (CHAT, COMPLETION, EXTENSIONS, FLOAT32_MAX, FLOAT32_TINY, FLOAT_PARAMS, IGNORED, LEGACY,
-                       MAX_CHOICES, MAX_TOP_K, MAX_TOP_LOGPROBS, ROLES)
+                       MAX_CHOICES, MAX_TEMPERATURE, MAX_TOP_K, MAX_TOP_LOGPROBS, ROLES)
 
 # The bounds `SamplingParams.__post_init__` checks, field by field, in JSON Schema's words,
 # and protocol's own (`MAX_TOP_K`). Every float field is also a float32 (`float32`).
 PARAM_BOUNDS: dict[str, dict] = {
-    "temperature": {"minimum": 0},
+    "temperature": {"minimum": 0, "maximum": MAX_TEMPERATURE},
     "top_k": {"minimum": 0, "maximum": MAX_TOP_K},
     "top_p": {"minimum": 0, "maximum": 1},
     "min_p": {"minimum": 0, "maximum": 1},

@@ -22,6 +22,7 @@ from .tools import (ToolError, call_or_answer_grammar, check_function_call, chec
 
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 2  # OpenAI's range, so that a client that works here works there (the CLI takes more)
 # The sampler computes in float32: a parameter beyond its range (or nonzero and below its
 # smallest positive number, so that it rounds to zero) turns the logits into infinities, so
 # such a value is refused here, with its name.
@@ -391,6 +392,10 @@ def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Co
         _check_float32(name, given[name])
     if "top_k" in given:
         check_field("top_k", given["top_k"], lambda v: check_int("top_k", v, minimum=0, maximum=MAX_TOP_K))
+    temperature = given.get("temperature")
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature > MAX_TEMPERATURE:
+        raise RequestError(f"temperature must be between 0 and {MAX_TEMPERATURE}, as OpenAI's API allows, "
+                           f"got {temperature!r}"[:300], "temperature")
     if body.get("logit_bias") is not None and not isinstance(body["logit_bias"], dict):
         raise RequestError(f"logit_bias must be an object of token id to bias, got {body['logit_bias']!r}"[:300],
                            "logit_bias")

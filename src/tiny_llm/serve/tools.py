@@ -32,6 +32,9 @@ To call one, reply with its name and arguments as JSON between <tool_call> and <
 The results come back between <tool_response> and </tool_response>."""
 
 
+NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # a function's name, as OpenAI's API allows it
+
+
 class ToolError(FieldError):
     """A malformed `tools`, `tool_choice`, `functions` or `function_call`; `field` names the
     field at fault."""
@@ -75,9 +78,9 @@ def _check_functions(functions: list[dict], legacy: bool) -> None:
     for i, function in enumerate(functions):
         at = _where(i, legacy)
         name = function.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64:
-            raise ToolError(f"{at}.name must be a non-empty string of at most 64 characters, got {name!r}",
-                            f"{at}.name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ToolError(f"{at}.name must be 1 to 64 letters, digits, underscores or dashes (as OpenAI's API "
+                            f"requires), got {name!r}"[:300], f"{at}.name")
         if name in names:
             raise ToolError(f"{at}.name {name!r} is defined twice", f"{at}.name")
         names.add(name)
