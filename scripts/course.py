@@ -89,6 +89,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     # One request builder: the command line's generate, chat and batch with --min-tokens.
     "tests/test_requests.py": ("week2-day5",),
     "tests/test_serve.py": ("week2-day5", "week3-day3"),
+    "tests/test_serve_responses.py": ("week2-day5", "week3-day3"),
+    "tests/test_serve_anthropic.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_agents.py": ("week2-day5", "week3-day3"),
     "tests/test_agent_cli.py": ("week4-day3", "week4-day4"),  # `tiny-llm agent run` and `eval`
     "tests/test_agent_sandbox.py": ("week4-day3",),  # attacks through `tiny-llm agent run`; resume, undo

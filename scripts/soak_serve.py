@@ -85,8 +85,9 @@ PAGES, PREFIX_PAGES = "tiny_llm_kv_pages_in_use", "tiny_llm_prefix_cache_pages"
 IDLE_BYTES, BUDGET_BYTES = "tiny_llm_prefix_cache_idle_bytes", "tiny_llm_prefix_cache_budget_bytes"
 FAILURES, RSS = "tiny_llm_engine_failures_total", "process_resident_memory_bytes"
 
-KINDS = ("chat", "completion", "json_schema", "tool", "grammar", "regex", "invalid", "disconnect")
-WEIGHTS = (24, 18, 9, 9, 10, 10, 10, 10)  # percent of requests of each kind
+KINDS = ("chat", "completion", "json_schema", "tool", "grammar", "regex", "responses", "messages", "invalid",
+         "disconnect")
+WEIGHTS = (18, 14, 8, 8, 8, 8, 9, 9, 9, 9)  # percent of requests of each kind
 
 # ---------------------------------------------------------------- what the requests hold
 
@@ -136,7 +137,18 @@ INVALID = [
     ("a regex that does not parse", "completion", {"prompt": "Once", "regex": "(ab"}, 400),
     ("role unknown", "chat", {"messages": [{"role": "wizard", "content": "Hi"}]}, 400),
 ]
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+INVALID += [
+    ("responses: an unknown field", "responses", {"input": "Hi", "colour": "red"}, 400),
+    ("responses: a built-in tool", "responses", {"input": "Hi", "tools": [{"type": "web_search"}]}, 400),
+    ("messages: no max_tokens", "messages", {"messages": [{"role": "user", "content": "Hi"}]}, 400),
+    ("messages: temperature 1.5", "messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                                "temperature": 1.5}, 400),
+]
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses",
+         "messages": "/v1/messages"}
+# How the Responses API and Anthropic's Messages API say why a reply ended, in chat's words.
+ENDED = {"completed": "stop", "incomplete": "length", "end_turn": "stop", "stop_sequence": "stop",
+         "max_tokens": "length", "tool_use": "tool_calls"}
 
 
 @dataclass
@@ -190,6 +202,8 @@ def plan(rng: random.Random, index: int, max_tokens: int, model: str, logprobs: 
         return Planned(index, kind, endpoint, body, expect=status, what=what, request_id=rid)
     endpoint = "completion" if kind == "completion" or (kind in ("grammar", "regex", "disconnect")
                                                         and rng.random() < 0.5) else "chat"
+    if kind in ("responses", "messages"):
+        return other_api(rng, index, kind, max_tokens, model, rid)
     long = rng.random() < 0.6
     topic, audience = rng.choice(TOPICS), rng.choice(AUDIENCES)
     if endpoint == "chat":
@@ -246,11 +260,59 @@ def plan(rng: random.Random, index: int, max_tokens: int, model: str, logprobs: 
     return p
 
 
+def other_api(rng: random.Random, index: int, kind: str, max_tokens: int, model: str, rid: str | None) -> Planned:
+    """A chat request as the Responses API or Anthropic's Messages API spells it: a shared
+    system prompt (as instructions / system), the question, one choice, maybe streamed,
+    seeded, with stop sequences or a forced tool call."""
+    topic, audience = rng.choice(TOPICS), rng.choice(AUDIENCES)
+    system, question = rng.choice(SYSTEMS), f"{audience} asks about {topic}."
+    body: dict = {"model": model} if rng.random() < 0.5 else {}
+    tool = rng.random() < 0.2
+    limit = max(max_tokens, 48) if tool else rng.randint(1, max_tokens)
+    if kind == "responses":
+        body.update(instructions=system, input=[{"role": "user", "content": question}] if rng.random() < 0.5
+                    else question, max_output_tokens=limit)
+        if tool:
+            name = rng.choice(["get_weather", "get_time"])
+            body.update(tools=[{"type": "function", **t["function"]} for t in TOOLS],
+                        tool_choice={"type": "function", "name": name})
+    else:
+        body.update(system=system, messages=[{"role": "user", "content": question}], max_tokens=limit)
+        if tool:
+            name = rng.choice(["get_weather", "get_time"])
+            body.update(tools=[{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                               for t in TOOLS], tool_choice={"type": "tool", "name": name})
+        elif rng.random() < 0.25:
+            body["stop_sequences"] = rng.choice(STOPS)
+    body["temperature"] = rng.choice([0.0, 0.7, 1.0])
+    p = Planned(index, kind, kind, body, request_id=rid)
+    p.stream = rng.random() < 0.5
+    p.seeded = rng.random() < 0.5
+    if p.seeded:
+        body["seed"] = rng.randrange(10_000)
+    if p.stream:
+        body["stream"] = True
+        if rng.random() < 0.2:
+            p.slow = rng.uniform(0.05, 0.25)
+    return p
+
+
+def forced_tool(p: Planned) -> str | None:
+    """The function a request forces, whichever API spells it."""
+    choice = p.body.get("tool_choice") if isinstance(p.body, dict) else None
+    if not isinstance(choice, dict):
+        return None
+    return (choice.get("function") or {}).get("name") or choice.get("name")
+
+
 # ---------------------------------------------------------------- answers and their shapes
 
-def error_problem(data) -> str | None:
-    """Why `data` is not an OpenAI error object (None if it is one)."""
+def error_problem(data, endpoint: str = "chat") -> str | None:
+    """Why `data` is not the endpoint's error object (None if it is one): OpenAI's, or on
+    /v1/messages Anthropic's (`{"type": "error", "error": {...}}`)."""
     error = data.get("error") if isinstance(data, dict) else None
+    if endpoint == "messages" and (not isinstance(data, dict) or data.get("type") != "error"):
+        return f"not an Anthropic error object: {json.dumps(data)[:200]}"
     if not isinstance(error, dict):
         return f"not an OpenAI error object: {json.dumps(data)[:200]}"
     if not isinstance(error.get("message"), str) or not error["message"] or not isinstance(error.get("type"), str):
@@ -273,6 +335,9 @@ def read_whole(p: Planned, data) -> tuple[list[str], list[list[tuple[str, str]]]
     streamed) answer, and what is wrong with its shape."""
     texts, calls, finishes, wrong = [""] * p.n, [[] for _ in range(p.n)], [None] * p.n, []
     logprobs = [[] for _ in range(p.n)]
+    if p.endpoint in ("responses", "messages"):
+        texts[0], calls[0], finishes[0], wrong = read_other(p.endpoint, data)
+        return texts, calls, finishes, logprobs, wrong
     kind = "chat.completion" if p.endpoint == "chat" else "text_completion"
     if not isinstance(data, dict) or data.get("object") != kind or not isinstance(data.get("choices"), list):
         return texts, calls, finishes, logprobs, [f"not a {kind}: {json.dumps(data)[:200]}"]
@@ -297,6 +362,121 @@ def read_whole(p: Planned, data) -> tuple[list[str], list[list[tuple[str, str]]]
     if not isinstance(data.get("usage"), dict):
         wrong.append("no usage")
     return texts, calls, finishes, logprobs, wrong
+
+
+def read_other(endpoint: str, data) -> tuple[str, list[tuple[str, str]], str | None, list[str]]:
+    """Text, tool calls (name, arguments JSON), finish (in chat's words) and what is wrong, of
+    a whole Responses object or Anthropic message."""
+    text, calls = "", []
+    if endpoint == "responses":
+        if not isinstance(data, dict) or data.get("object") != "response" or not isinstance(data.get("output"), list):
+            return text, calls, None, [f"not a response: {json.dumps(data)[:200]}"]
+        for item in data["output"]:
+            if item.get("type") == "message":
+                text += "".join(part.get("text", "") for part in item.get("content") or [])
+            elif item.get("type") == "function_call":
+                calls.append((item.get("name"), item.get("arguments")))
+        finish = "tool_calls" if calls and data.get("status") == "completed" else ENDED.get(data.get("status"))
+        wrong = [] if isinstance(data.get("usage"), dict) else ["no usage"]
+        return text, calls, finish, wrong
+    if not isinstance(data, dict) or data.get("type") != "message" or not isinstance(data.get("content"), list):
+        return text, calls, None, [f"not a message: {json.dumps(data)[:200]}"]
+    for block in data["content"]:
+        if block.get("type") == "text":
+            text += block.get("text", "")
+        elif block.get("type") == "tool_use":
+            calls.append((block.get("name"), json.dumps(block.get("input"))))
+    wrong = [] if isinstance(data.get("usage"), dict) else ["no usage"]
+    return text, calls, ENDED.get(data.get("stop_reason"), data.get("stop_reason")), wrong
+
+
+class EventReader:
+    """One streamed answer of the Responses API or Anthropic's Messages API, event by event
+    (`event: NAME` then `data: JSON`): its text, tool calls and end, what is wrong (an event
+    out of its API's order, sequence numbers that do not grow, an error event), and when the
+    first token came. The same interface as `StreamReader`."""
+
+    def __init__(self, p: Planned):
+        self.p = p
+        self.texts, self.finishes, self.logprobs = [""], [None], [[]]
+        self.calls: list[dict[int, list[str]]] = [{}]
+        self.wrong: list[str] = []
+        self.done, self.data_lines, self.first_token = False, 0, None
+        self.sequence, self.name = -1, None
+
+    def feed(self, line: str) -> None:
+        if line.startswith("event:"):
+            self.name = line[6:].strip()
+            return
+        if not line.startswith("data:"):
+            return
+        self.data_lines += 1
+        try:
+            event = json.loads(line[5:].strip())
+        except json.JSONDecodeError:
+            self.wrong.append(f"an event that is not JSON: {line[:100]}")
+            return
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind != self.name:
+            self.wrong.append(f"event {self.name!r} holds type {kind!r}")
+        if self.done:
+            self.wrong.append(f"an event after the last: {kind}")
+            return
+        got = (self.responses_event if self.p.endpoint == "responses" else self.messages_event)(event, kind)
+        if got and self.first_token is None:
+            self.first_token = time.perf_counter()
+
+    def responses_event(self, event: dict, kind: str) -> bool:
+        number = event.get("sequence_number")
+        if not isinstance(number, int) or number != self.sequence + 1:
+            self.wrong.append(f"sequence_number {number!r} after {self.sequence}")
+        self.sequence = number if isinstance(number, int) else self.sequence
+        if kind == "response.output_text.delta":
+            self.texts[0] += event.get("delta", "")
+            return True
+        if kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "function_call":
+            self.calls[0][event.get("output_index", 0)] = [event["item"].get("name", ""), ""]
+            return True
+        if kind == "response.function_call_arguments.delta":
+            self.calls[0].setdefault(event.get("output_index", 0), ["", ""])[1] += event.get("delta", "")
+        elif kind in ("response.completed", "response.incomplete"):
+            response = event.get("response") or {}
+            status = response.get("status")
+            self.finishes[0] = "tool_calls" if self.calls[0] and status == "completed" else ENDED.get(status)
+            self.done = True
+        elif kind in ("response.failed", "error"):
+            self.wrong.append(f"the stream failed: {json.dumps(event)[:200]}")
+            self.done = True
+        return False
+
+    def messages_event(self, event: dict, kind: str) -> bool:
+        if kind == "content_block_start" and (event.get("content_block") or {}).get("type") == "tool_use":
+            self.calls[0][event.get("index", 0)] = [event["content_block"].get("name", ""), ""]
+            return True
+        if kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                self.texts[0] += delta.get("text", "")
+                return True
+            if delta.get("type") == "input_json_delta":
+                self.calls[0].setdefault(event.get("index", 0), ["", ""])[1] += delta.get("partial_json", "")
+        elif kind == "message_delta":
+            reason = (event.get("delta") or {}).get("stop_reason")
+            self.finishes[0] = ENDED.get(reason, reason)
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            self.wrong.append(f"an error event: {json.dumps(event)[:200]}")
+            self.done = True
+        return False
+
+    def finish(self) -> list[str]:
+        wrong = list(self.wrong)
+        if not self.done:
+            wrong.append("the stream ended without its last event")
+        if self.finishes[0] is None and not self.wrong:
+            wrong.append("no end reason")
+        return wrong
 
 
 class StreamReader:
@@ -384,8 +564,8 @@ def constraint_problem(p: Planned, text: str, calls: list[tuple[str, str]], fini
             value = json.loads(text)
             ok = (isinstance(value, dict) and set(value) == {"answer", "score"} and value["answer"] in ("yes", "no")
                   and isinstance(value["score"], int) and 0 <= value["score"] <= 9)
-        elif p.kind == "tool":
-            forced = p.body["tool_choice"]["function"]["name"]
+        elif p.kind == "tool" or (p.kind in ("responses", "messages") and forced_tool(p)):
+            forced = forced_tool(p)
             ok = finish == "tool_calls" and [name for name, _ in calls] == [forced]
             arguments = json.loads(calls[0][1]) if ok else None
             ok = ok and isinstance(arguments, dict) and set(arguments) == set(
@@ -427,7 +607,7 @@ async def send(client: httpx.AsyncClient, base: str, p: Planned, max_retries: in
     start = time.perf_counter()
     for attempt in range(max_retries + 1):
         headers = headers_for(p, attempt)
-        reader = StreamReader(p) if p.stream else None
+        reader = (StreamReader if p.endpoint in ("chat", "completion") else EventReader)(p) if p.stream else None
         dropped = False
         try:
             async with client.stream("POST", base + path, content=content, headers=headers) as response:
@@ -474,7 +654,7 @@ def judge(r: Result, reader: StreamReader | None, raw: bytes, dropped: bool) -> 
     p = r.planned
     if r.status != 200:
         try:
-            problem = error_problem(json.loads(raw))
+            problem = error_problem(json.loads(raw), p.endpoint)
         except (json.JSONDecodeError, UnicodeDecodeError):
             problem = f"a body that is not JSON: {raw[:200]!r}"
         if problem:

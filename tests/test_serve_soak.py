@@ -14,7 +14,8 @@ import pytest
 pytestmark = pytest.mark.xdist_group("serve-soak")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak_serve.py"
-KINDS = ("chat", "completion", "json_schema", "tool", "grammar", "regex", "invalid", "disconnect")
+KINDS = ("chat", "completion", "json_schema", "tool", "grammar", "regex", "responses", "messages", "invalid",
+         "disconnect")
 CHECKS = ("responses complete", "invalid bodies get 4xx", "valid bodies get 200", "no 5xx but 503 with Retry-After",
           "constrained replies match", "seeded requests equal solo runs", "health answers within 10 s",
           "idle: no rows, no queue", "idle: pages only in the prefix cache", "idle: prefix cache within budget",
@@ -62,7 +63,7 @@ def test_a_minute_of_mixed_traffic_passes_every_check(tiny_dir, tmp_path):
     for kind in KINDS:
         assert rows[kind]["sent"] > 0, (kind, run.stdout)
         assert rows[kind]["error"] == 0
-    for kind in ("chat", "completion", "json_schema", "tool", "grammar", "regex"):
+    for kind in ("chat", "completion", "json_schema", "tool", "grammar", "regex", "responses", "messages"):
         assert rows[kind]["ok"] + rows[kind]["503-retried"] == rows[kind]["sent"], (kind, run.stdout)
     assert rows["invalid"]["4xx"] == rows["invalid"]["sent"]
     assert rows["disconnect"]["disconnected"] > 0

@@ -22,11 +22,13 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from ..batch import TokenLogprobs
+from .anthropic import ANTHROPIC_MESSAGES, count_tokens
 from .engine import Engine, EngineStopped, Handle, QueueFull
 from .guard import Exchange, Guard, Limits
 from .openapi import describe
 from .protocol import Context, RequestError, encode, parse
 from .reply import CHAT, COMPLETIONS, Api, Reply, error_response
+from .responses import RESPONSES, ResponseStore, input_tokens
 
 
 class Server:
@@ -43,6 +45,7 @@ class Server:
         self.draining = False  # SIGTERM: new requests get 503 while those in progress finish
         self.connections: Callable[[], int] = lambda: 0  # open connections (uvicorn's, set by the CLI)
         self.metrics.open_connections.set_function(lambda: self.connections())
+        self.responses = ResponseStore()  # finished responses of /v1/responses (previous_response_id, GET)
 
     def health(self) -> tuple[int, dict]:
         """/health's status and body: 503 while draining, once the engine thread has ended,
@@ -176,6 +179,20 @@ def create_app(server: Server) -> Starlette:
             raise RequestError(f"tokens must be a list of token ids in [0, {vocab}), got {tokens!r}"[:300], "tokens")
         return JSONResponse({"prompt": server.ctx.tokenizer.decode(tokens)})
 
+    async def response_input_tokens(request: Request) -> Response:
+        body = await _json_body(request, server.limits.max_body_bytes)
+        return JSONResponse(await run_in_threadpool(input_tokens, body, server))
+
+    async def stored_response(request: Request) -> Response:
+        return JSONResponse(server.responses.response(request.path_params["response_id"]))
+
+    async def delete_response(request: Request) -> Response:
+        return JSONResponse(server.responses.delete(request.path_params["response_id"]))
+
+    async def message_tokens(request: Request) -> Response:
+        body = await _json_body(request, server.limits.max_body_bytes)
+        return JSONResponse(await run_in_threadpool(count_tokens, body, server))
+
     def generate(api: Api):
         async def handle(request: Request) -> Response:
             return await _generate(server, request, api)
@@ -191,8 +208,16 @@ def create_app(server: Server) -> Starlette:
         Route("/v1/models/{model:path}", endpoint("models", model)),
         Route("/v1/chat/completions", generate(CHAT), methods=["POST"]),
         Route("/v1/completions", generate(COMPLETIONS), methods=["POST"]),
+        Route("/v1/responses", generate(RESPONSES), methods=["POST"]),
+        Route("/v1/responses/input_tokens", endpoint("responses", response_input_tokens, error=RESPONSES.error),
+              methods=["POST"]),
+        Route("/v1/responses/{response_id}", endpoint("responses", stored_response), methods=["GET"]),
+        Route("/v1/responses/{response_id}", endpoint("responses", delete_response), methods=["DELETE"]),
         Route("/tokenize", endpoint("tokenize", tokenize), methods=["POST"]),
         Route("/detokenize", endpoint("detokenize", detokenize), methods=["POST"]),
+        Route("/v1/messages", generate(ANTHROPIC_MESSAGES), methods=["POST"]),
+        Route("/v1/messages/count_tokens", endpoint("messages", message_tokens, error=ANTHROPIC_MESSAGES.error),
+              methods=["POST"]),
     ]
 
     async def not_found(request: Request, exc) -> Response:
@@ -251,6 +276,7 @@ async def _generate(server: Server, request: Request, api: Api) -> Response:
     exchange: Exchange = request.scope["tiny_llm"]
     body = await _json_body(request, server.limits.max_body_bytes)
     body, kind = await run_in_threadpool(api.translate, body, server)
+    exchange.body = body
     job = await run_in_threadpool(parse, body, kind, server.ctx)
     exchange.prompt_tokens = len(job.prompt)
     try:

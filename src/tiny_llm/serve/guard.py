@@ -48,6 +48,7 @@ class Exchange:
     cancel: Callable[[], None] | None = None  # takes the request's job out of the engine
     ended: str = ""  # how a response begun with 200 ended in an error: its status and type
     refused: str = ""  # why an error response was sent: its code (or type) and the field at fault
+    body: dict | None = None  # the body the engine path reads, as the API's translate made it (for its reply)
 
 
 class SlowClient(Exception):

@@ -37,8 +37,9 @@ def error_response(error: RequestError) -> JSONResponse:
 class Api:
     """One HTTP API on the engine. `name`: the metrics label; `translate(body, server)`: the
     request in the API's shape -> (the body `protocol.parse` reads, its kind: "chat" or
-    "completion"); `reply(server, job, exchange)`: the answer's builder (a `Reply`);
-    `error(RequestError)`: the error response in the API's shape."""
+    "completion"); `reply(server, job, exchange)`: the answer's builder (a `Reply`; the body
+    translate made is `exchange.body`); `error(RequestError)`: the error response in the
+    API's shape."""
 
     name: str
     translate: Callable[[Any, Any], tuple[dict, str]]
