@@ -172,15 +172,18 @@ def bias(default_tokenizer) -> dict[str, dict[str, int]]:
     return {"call": {str(lt): 100}, "answer": {str(brace): 100}}
 
 
-def streamed(client, **kw) -> tuple[str, list, str]:
-    """(content, tool-call deltas, finish reason) of a streamed chat reply."""
-    content, calls, finish = "", [], None
+def streamed(client, **kw) -> tuple[str, list[tuple[str, str]], str]:
+    """(content, tool calls as (name, arguments) joined from their deltas as a client joins
+    them, finish reason) of a streamed chat reply."""
+    content, calls, finish = "", {}, None
     for chunk in client.chat.completions.create(stream=True, **kw):
         delta = chunk.choices[0].delta
         content += delta.content or ""
-        calls += delta.tool_calls or []
+        for piece in delta.tool_calls or []:
+            name, arguments = calls.get(piece.index, ("", ""))
+            calls[piece.index] = (name + (piece.function.name or ""), arguments + (piece.function.arguments or ""))
         finish = chunk.choices[0].finish_reason or finish
-    return content, calls, finish
+    return content, [calls[i] for i in sorted(calls)], finish
 
 
 def test_a_forced_call_beside_a_response_format(client):
@@ -195,8 +198,8 @@ def test_a_forced_call_beside_a_response_format(client):
         jsonschema.validate(json.loads(call.function.arguments), schema)
     content, calls, finish = streamed(client, tool_choice={"type": "function", "function": {"name": "get_weather"}},
                                       seed=1, **kw)
-    assert (content, finish, [c.function.name for c in calls]) == ("", "tool_calls", ["get_weather"])
-    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER_ARGS)
+    assert (content, finish, [name for name, _ in calls]) == ("", "tool_calls", ["get_weather"])
+    jsonschema.validate(json.loads(calls[0][1]), WEATHER_ARGS)
 
 
 def test_auto_tools_beside_a_response_format_answer_or_call(client, bias):
@@ -211,11 +214,11 @@ def test_auto_tools_beside_a_response_format_answer_or_call(client, bias):
     assert made.function.name == "get_weather"
     jsonschema.validate(json.loads(made.function.arguments), WEATHER_ARGS)
     # Streamed, and with tool_choice left out ("auto" by default): the same replies (greedy),
-    # the call as one delta.
+    # the call's deltas adding up to the same call.
     assert streamed(client, logit_bias=bias["answer"], **kw) == (answer.message.content, [], "stop")
     content, calls, finish = streamed(client, logit_bias=bias["call"], **kw)
     assert (content, finish) == ("", "tool_calls")
-    assert [(c.function.name, c.function.arguments) for c in calls] == [(made.function.name, made.function.arguments)]
+    assert calls == [(made.function.name, made.function.arguments)]
 
 
 def test_auto_tools_beside_json_object(client, bias, default_tokenizer):
@@ -287,6 +290,26 @@ def recording_client(url: str, sent: list[dict]) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, http_client=http)
 
 
+def run_openai_agent(agent, client, stream: bool):
+    """The final output of an openai-agents run of `agent` on the weather question (at most
+    three turns, streamed or not), `client` closed afterwards."""
+    from agents import RunConfig, Runner
+
+    async def run():
+        config = RunConfig(tracing_disabled=True)
+        try:
+            if not stream:
+                return (await Runner.run(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)).final_output
+            result = Runner.run_streamed(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)
+            async for _ in result.stream_events():
+                pass
+            return result.final_output
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
 def weather(calls: list):
     def get_weather(city: Literal["Paris", "Oslo"], days: Literal[1, 2, 3]) -> str:
         """The weather in a city for the next days."""
@@ -312,7 +335,7 @@ def check_turns(sent: list[dict], calls: list[dict], first_choice) -> None:
 def test_an_openai_agents_agent_with_a_tool_and_an_output_type(served, bias, stream):
     """openai-agents sends tool_choice "required" with the output type's response_format, then
     (tool_choice reset) the tool's result with the same format: a call, then the answer."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, function_tool
 
     sent, calls = [], []
     client = recording_client(served.url, sent)
@@ -324,19 +347,7 @@ def test_an_openai_agents_agent_with_a_tool_and_an_output_type(served, bias, str
                   model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200,
                                                extra_body={"logit_bias": bias["answer"]}))
 
-    async def run():
-        config = RunConfig(tracing_disabled=True)
-        try:
-            if not stream:
-                return (await Runner.run(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)).final_output
-            result = Runner.run_streamed(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)
-            async for _ in result.stream_events():
-                pass
-            return result.final_output
-        finally:
-            await client.close()
-
-    output = asyncio.run(run())
+    output = run_openai_agent(agent, client, stream)
     assert isinstance(output, Forecast)
     check_turns(sent, calls, "required")
     assert "tool_choice" not in sent[1] and all(body.get("stream", False) == stream for body in sent)

@@ -8,7 +8,6 @@ The live server runs the random-weight "tiny-served" model: where a reply must b
 an answer, a grammar or `logit_bias` decides, and replies are checked against the schemas and
 against chat's answer to the same conversation, never against fixed strings."""
 
-import asyncio
 import json
 import time
 from types import SimpleNamespace
@@ -20,7 +19,7 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from serve_support import running_server
-from test_serve_agents import Forecast, recording_client, weather
+from test_serve_agents import Forecast, recording_client, run_openai_agent, weather
 from test_serve_text import WEATHER
 
 from tiny_llm.sampler import SamplingParams
@@ -517,7 +516,7 @@ def test_an_openai_agents_agent_on_its_default_model_class(tiny, default_tokeniz
     """openai-agents' Responses model: tool_choice "required" with the output type's
     text.format gets a call; the tool's result goes back as items (the call, its output)
     with the same format, and `{` (logit_bias) opens the answer."""
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool
 
     sent, calls = [], []
     client = recording_client(tiny.url, sent)
@@ -527,19 +526,7 @@ def test_an_openai_agents_agent_on_its_default_model_class(tiny, default_tokeniz
                   model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=200,
                                                extra_body={"logit_bias": {str(brace): 100}}))
 
-    async def run():
-        config = RunConfig(tracing_disabled=True)
-        try:
-            if not stream:
-                return (await Runner.run(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)).final_output
-            result = Runner.run_streamed(agent, "Will it rain in Oslo?", run_config=config, max_turns=3)
-            async for _ in result.stream_events():
-                pass
-            return result.final_output
-        finally:
-            await client.close()
-
-    output = asyncio.run(run())
+    output = run_openai_agent(agent, client, stream)
     assert isinstance(output, Forecast) and len(sent) == 2 and len(calls) == 1
     first, second = sent
     assert first["tool_choice"] == "required" and first["text"]["format"]["type"] == "json_schema"

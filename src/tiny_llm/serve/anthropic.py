@@ -22,7 +22,7 @@ from .engine import Event
 from .protocol import EXTENSIONS, RequestError, parse
 from .reply import Api, Reply, sse
 from .text import TOOL_CALL_CLOSE, ToolCall, ToolCallDelta
-from .tools import NAME
+from .tools import name_problem
 
 # Our own fields, read by `protocol.parse` under the names a chat request gives them: the
 # sampling engine's parameters (`seed`, `min_p`, `logit_bias`, ...) and one constraint.
@@ -298,12 +298,9 @@ def _tools(tools, forced: bool) -> list[dict] | None:
                                where)
         tool = _object(tool, where, TOOL_KEYS)
         name = tool.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise RequestError(f"{where}.name must be 1 to 64 letters, digits, underscores or dashes, "
-                               f"got {name!r}"[:300], f"{where}.name")
-        if name in names:
-            raise RequestError(f"{where}.name {name!r} is defined twice", f"{where}.name")
-        names.add(name)
+        problem = name_problem(name, where, names)
+        if problem:
+            raise RequestError(problem, f"{where}.name")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise RequestError(f"{where}.input_schema must be a JSON schema object, got {schema!r}"[:300],

@@ -77,16 +77,24 @@ def _check_functions(functions: list[dict], legacy: bool) -> None:
     names = set()
     for i, function in enumerate(functions):
         at = _where(i, legacy)
-        name = function.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ToolError(f"{at}.name must be 1 to 64 letters, digits, underscores or dashes (as OpenAI's API "
-                            f"requires), got {name!r}"[:300], f"{at}.name")
-        if name in names:
-            raise ToolError(f"{at}.name {name!r} is defined twice", f"{at}.name")
-        names.add(name)
+        problem = name_problem(function.get("name"), at, names)
+        if problem:
+            raise ToolError(problem, f"{at}.name")
         parameters = function.get("parameters", {"type": "object"})
         if not isinstance(parameters, dict):
             raise ToolError(f"{at}.parameters must be a JSON schema object, got {parameters!r}", f"{at}.parameters")
+
+
+def name_problem(name, where: str, seen: set[str]) -> str | None:
+    """Why `name` cannot name the function at `where` (None if it can, then it joins `seen`):
+    the names OpenAI's and Anthropic's APIs allow, each once in a request."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        return (f"{where}.name must be 1 to 64 letters, digits, underscores or dashes (as OpenAI's and "
+                f"Anthropic's APIs require), got {name!r}")[:300]
+    if name in seen:
+        return f"{where}.name {name!r} is defined twice"
+    seen.add(name)
+    return None
 
 
 def check_tool_choice(choice, tools: list[dict] | None) -> tuple[str, str | None]:
