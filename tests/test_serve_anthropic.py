@@ -309,6 +309,7 @@ BAD = [  # (a change to a good request, the field its 400 names)
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0] is a server tool"),
     ({"tools": [{**TOOLS[0], "input_examples": [{"city": "Oslo", "days": 1}]}]}, "tools[0].input_examples"),
     ({"tools": [{**TOOLS[0], "strict": True}]}, "tools[0].strict"),
+    ({"tools": [{**TOOLS[0], "strict": 1}], "tool_choice": {"type": "any"}}, "tools[0].strict must be true or false"),
     ({"tools": [{**TOOLS[0], "name": "get weather"}]}, "tools[0].name"),
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),

@@ -305,7 +305,7 @@ def _tools(tools, forced: bool) -> list[dict] | None:
         if not isinstance(schema, dict):
             raise RequestError(f"{where}.input_schema must be a JSON schema object, got {schema!r}"[:300],
                                f"{where}.input_schema")
-        if tool.get("strict") not in (None, False, True):
+        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):  # 1 == True, but not a boolean
             raise RequestError(f"{where}.strict must be true or false, got {tool['strict']!r}"[:300], f"{where}.strict")
         if tool.get("strict") and not forced:
             raise RequestError(f"{where}.strict needs a tool_choice that forces a call (any or tool): only a "

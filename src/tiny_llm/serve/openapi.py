@@ -1,6 +1,7 @@
 """Engine — the server's OpenAPI 3.1 description (`GET /openapi.json`): every endpoint of
-`app.create_app`, the request bodies `protocol` accepts, the answers, and OpenAI's error
-object for every refusal.
+`app.create_app`, the request bodies `protocol` accepts (and those the Responses and the
+Messages API translate for it), the answers, and the error object of each API for every
+refusal.
 
 The request schemas are built from protocol's own lists of fields (`CHAT`, `COMPLETION`,
 `EXTENSIONS`, `IGNORED`) and limits (`ROLES`, `MAX_CHOICES`, `MAX_TOP_LOGPROBS`), and the
@@ -20,8 +21,11 @@ from ..requests import MAX_STOP_STRINGS
 from ..sampler import SamplingParams
 from ..sampler.draw import DRAWS
 from ..sampler.params import ALIASES, PRESETS, STAGES
+from . import anthropic
 from .protocol import (CHAT, COMPLETION, EXTENSIONS, FLOAT32_MAX, FLOAT32_TINY, FLOAT_PARAMS, IGNORED, LEGACY,
                        MAX_CHOICES, MAX_TEMPERATURE, MAX_TOP_K, MAX_TOP_LOGPROBS, ROLES)
+from .responses import FORMAT_KEYS, ITEM_KEYS, PART_KEYS, PASSED, READ, REFUSED, TOOL_KEYS
+from .responses import ROLES as RESPONSE_ROLES
 
 # The bounds `SamplingParams.__post_init__` checks, field by field, in JSON Schema's words,
 # and protocol's own (`MAX_TOP_K`). Every float field is also a float32 (`float32`).
@@ -331,6 +335,259 @@ def response_schemas() -> dict:
     }
 
 
+def responses_schemas(ctx, chat: dict) -> dict:
+    """The Responses API's request (exactly the fields `responses.translate` reads: `READ`,
+    `PASSED` as chat takes them, and `REFUSED` at the values that ask for nothing), its
+    response object, input token count and stream events (`responses.py`)."""
+    string, anything, flag = {"type": "string"}, {}, nullable({"type": "boolean"})
+
+    def closed(keys, required: tuple[str, ...], **known) -> dict:
+        """An object of exactly `keys` (responses.py's lists), those not in `known` of any value."""
+        return obj({key: known.get(key, anything) for key in sorted(keys)}, required, closed=True)
+
+    parts = [closed(PART_KEYS[kind], ("type", "text"), type={"const": kind}, text=string) for kind in PART_KEYS]
+    content = {"anyOf": [string, {"type": "array", "items": {"anyOf": parts}}]}
+    items = [closed(ITEM_KEYS["message"], ("role", "content"), type={"const": "message"}, content=content,
+                    role={"enum": list(RESPONSE_ROLES)}),
+             closed(ITEM_KEYS["function_call"], ("type", "call_id", "name", "arguments"),
+                    type={"const": "function_call"}, call_id=string, name=string, arguments=string),
+             closed(ITEM_KEYS["function_call_output"], ("type", "call_id", "output"),
+                    type={"const": "function_call_output"}, call_id=string, output=content)]
+    tool = closed(TOOL_KEYS, ("type", "name"), type={"const": "function"}, strict=flag,
+                  name={"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                  parameters=nullable({"type": "object"}))
+    formats = {"anyOf": [closed(FORMAT_KEYS["text"], ("type",), type={"enum": ["text", "json_object"]}),
+                         closed(FORMAT_KEYS["json_schema"], ("type", "schema"), type={"const": "json_schema"},
+                                schema={"type": "object"})]}
+    refused = {"reasoning": {"type": "null"}, "include": nullable({"type": "array", "maxItems": 0}),
+               "background": {"enum": [False, None]}, "conversation": {"type": "null"}, "prompt": {"type": "null"},
+               "truncation": {"enum": ["disabled", None]}, "top_logprobs": {"enum": [0, None]},
+               "max_tool_calls": {"type": "null"}, "context_management": {"type": "null"},
+               "prompt_cache_retention": {"enum": ["in_memory", None]}}
+    ignored = {"description": "accepted and ignored (OpenAI field without effect here)"}
+    fields = {
+        **{name: chat[name] for name in PASSED | {"model", "stream"}},
+        **{name: {**schema, "description": f"not supported: {REFUSED[name][1].split(': ', 1)[1]}"}
+           for name, schema in refused.items()},
+        "input": {"anyOf": [string, {"type": "array", "minItems": 1, "items": {"anyOf": items}}]},
+        "instructions": nullable(string), "previous_response_id": nullable(string), "user": nullable(string),
+        "tools": nullable({"type": "array", "items": tool}),
+        "tool_choice": nullable({"anyOf": [{"enum": ["none", "auto", "required"]},
+                                           obj({"type": {"const": "function"}, "name": string}, ("type", "name"),
+                                               closed=True)]}),
+        "text": nullable(obj({"format": nullable(formats), "verbosity": {"type": "null"}}, closed=True)),
+        "max_output_tokens": chat["max_tokens"],
+        "stream_options": nullable(obj({"include_obfuscation": {"enum": [False, None]}}, closed=True,
+                                       description="only with stream: true")),
+        "store": flag, "parallel_tool_calls": flag, "metadata": nullable({"type": "object"}),
+        "service_tier": ignored, "prompt_cache_key": ignored, "safety_identifier": ignored,
+    }
+    names = sorted(READ | PASSED | set(REFUSED))  # a field without a schema here is a KeyError
+    request = obj({name: fields[name] for name in names}, ("input",), closed=True, allOf=[
+        {"if": obj({"stream_options": {"type": "object"}}, ("stream_options",)),
+         "then": obj({"stream": {"const": True}}, ("stream",))}])
+
+    count = integer(0)
+    output = {"anyOf": [
+        obj({"id": string, "type": {"const": "message"}, "role": {"const": "assistant"},
+             "status": {"enum": ["in_progress", "completed", "incomplete"]},
+             "content": {"type": "array", "items": obj({"type": {"const": "output_text"}, "text": string,
+                                                        "annotations": {"type": "array"}},
+                                                       ("type", "text", "annotations"))}},
+            ("id", "type", "role", "status", "content")),
+        obj({"id": string, "type": {"const": "function_call"}, "call_id": string, "name": string, "arguments": string,
+             "status": {"enum": ["in_progress", "completed", "incomplete"]}},
+            ("id", "type", "call_id", "name", "arguments", "status"))]}
+    usage = obj({"input_tokens": count, "output_tokens": count, "total_tokens": count,
+                 "input_tokens_details": obj({"cached_tokens": count, "cache_write_tokens": count},
+                                             ("cached_tokens", "cache_write_tokens")),
+                 "output_tokens_details": obj({"reasoning_tokens": count}, ("reasoning_tokens",))},
+                ("input_tokens", "output_tokens", "total_tokens", "input_tokens_details", "output_tokens_details"))
+    response = obj({"id": string, "object": {"const": "response"}, "created_at": integer(0),
+                    "status": {"enum": ["in_progress", "completed", "incomplete", "failed"]},
+                    "model": string, "output": {"type": "array", "items": output}, "usage": nullable(usage),
+                    "error": nullable(obj({"code": string, "message": string}, ("code", "message"))),
+                    "incomplete_details": nullable(obj({"reason": string}, ("reason",))),
+                    "tools": {"type": "array"}, "parallel_tool_calls": {"type": "boolean"}, "tool_choice": anything},
+                   ("id", "object", "created_at", "status", "model", "output", "tools", "tool_choice",
+                    "parallel_tool_calls"))
+    return {
+        "ResponseRequest": request,
+        "Response": response,
+        "ResponseEvent": obj({"type": string, "sequence_number": count}, ("type", "sequence_number")),
+        "ResponseInputTokens": obj({"object": {"const": "response.input_tokens"}, "input_tokens": count},
+                                   ("object", "input_tokens"), closed=True),
+        "ResponseDeleted": obj({"id": string, "object": {"const": "response.deleted"}, "deleted": {"const": True}},
+                               ("id", "object", "deleted"), closed=True),
+    }
+
+
+def responses_paths(generation: tuple[int, ...], security: list) -> dict:
+    """`/v1/responses` and its stored responses (app.py's routes of `responses.py`)."""
+    events = obj({"event": {"type": "string"}, "data": {
+        "type": "string", "contentMediaType": "application/json", "contentSchema": ref("ResponseEvent")}},
+        ("event", "data"), description="Server-Sent Events: `event: <type>` and `data: <event>`, numbered from 0 "
+                                       "by sequence_number; no [DONE]")
+    response_id = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"},
+                    "example": "resp_0"}]
+    return {
+        "/v1/responses": {"post": operation(
+            "createResponse", "A response (OpenAI's Responses API)", _response(
+                "The response (with stream: true, its events)",
+                {**_json(ref("Response")), "text/event-stream": {"schema": events}}),
+            generation, body=ref("ResponseRequest"), security=security)},
+        "/v1/responses/input_tokens": {"post": operation(
+            "countResponseInputTokens", "The input tokens of a Responses request, nothing generated",
+            _response("The count", _json(ref("ResponseInputTokens"))), (400, 401, 404, 413),
+            body=ref("ResponseRequest"), security=security)},
+        "/v1/responses/{response_id}": {
+            "get": operation("retrieveResponse", "A stored response", _response("The response", _json(
+                ref("Response"))), (401, 404), security=security, parameters=response_id),
+            "delete": operation("deleteResponse", "Forget a stored response", _response("Deleted", _json(
+                ref("ResponseDeleted"))), (401, 404), security=security, parameters=response_id)},
+    }
+
+
+def messages_schemas(chat: dict) -> dict:
+    """Anthropic's Messages API (`anthropic.py`): the request of exactly the fields
+    `anthropic.chat_body` reads (`MESSAGES`; count_tokens: `PROMPT`), those of `PASSED` as
+    chat takes them and `REFUSED` at null; the message, its stream events, the count and
+    Anthropic's error object."""
+    string, anything, flag, count = {"type": "string"}, {}, nullable({"type": "boolean"}), integer(0)
+
+    def checked(keys, required: tuple[str, ...], **known) -> dict:
+        """An object as `anthropic._object` reads it: `keys`, those not in `known` of any
+        value, and any other key only at null (a key set to null is as absent)."""
+        return obj({key: known.get(key, anything) for key in sorted(keys)}, required,
+                   additionalProperties={"type": "null"})
+
+    # anthropic.py names the keys of a text block and a tool (TEXT_KEYS, TOOL_KEYS); those of
+    # the other objects are spelled out in its checks, and here again.
+    blocks = {
+        "text": checked(anthropic.TEXT_KEYS, ("type", "text"), type={"const": "text"}, text=string),
+        "tool_use": checked({"type", "id", "name", "input", "cache_control"}, ("type", "id", "name", "input"),
+                            type={"const": "tool_use"}, id=string, name=string, input={"type": "object"}),
+    }
+
+    def content(place: str) -> dict:
+        """What `anthropic._content` takes in `place`: text, or a list of its kinds of block."""
+        return {"anyOf": [string, {"type": "array", "items": {"anyOf": [blocks[k] for k in anthropic.KINDS[place]]}}]}
+
+    blocks["tool_result"] = checked({"type", "tool_use_id", "content", "is_error", "cache_control"},
+                                    ("type", "tool_use_id"), type={"const": "tool_result"}, tool_use_id=string,
+                                    content=nullable(content("tool_result")), is_error=flag)
+    messages = {"type": "array", "minItems": 1, "items": {"anyOf": [
+        checked({"role", "content"}, ("role", "content"), role={"const": role}, content=content(role))
+        for role in anthropic.ROLES]}}
+    tool = checked(anthropic.TOOL_KEYS, ("name", "input_schema"), type={"enum": ["custom", None]},
+                   name={"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, description=nullable(string),
+                   input_schema={"type": "object", "description": "a JSON schema of the input"}, strict=flag)
+    choice_keys = {"type", "name", "disable_parallel_tool_use"}
+    tool_choice = {"anyOf": [
+        checked(choice_keys, ("type",), type={"enum": ["auto", "any", "none"]}, name={"type": "null"},
+                disable_parallel_tool_use=flag),
+        checked(choice_keys, ("type", "name"), type={"const": "tool"}, name={"type": "string", "description": (
+            "one of the tools' names")}, disable_parallel_tool_use=flag)]}
+    temperature = float32({"type": "number", "minimum": 0, "maximum": anthropic.MAX_TEMPERATURE})
+    fields = {
+        **{name: chat[name] for name in anthropic.PASSED | {"model", "stream"}},
+        **{name: {"type": "null", "description": f"not supported: {why}"} for name, why in anthropic.REFUSED.items()},
+        "max_tokens": {**chat["max_tokens"], "type": "integer", "description": "required: the reply's most tokens"},
+        "temperature": nullable({**temperature, "description": "0 to 1 (Anthropic's range)"}),
+        "messages": messages,
+        "system": nullable(content("system")),
+        "tools": nullable({"type": "array", "items": tool, "description": "names unique"}),
+        "tool_choice": nullable(tool_choice),
+        "stop_sequences": nullable({"type": "array", "maxItems": MAX_STOP_STRINGS,
+                                    "items": {"type": "string", "minLength": 1}}),
+        "metadata": nullable(checked({"user_id"}, ())),
+        "thinking": nullable(obj({"type": {"const": "disabled"}}, ("type",), closed=True,
+                                 description="not supported but for its default: the model does not think")),
+        "output_config": nullable(obj({"effort": {"type": "null"}, "format": {"type": "null"}},
+                                      additionalProperties={"type": "null"},
+                                      description="not supported: effort sets thinking; send a schema as "
+                                                  "json_schema")),
+        "speed": {"enum": ["standard", None], "description": "one speed"},
+        "service_tier": {"enum": ["auto", "standard_only", None], "description": "one tier"},
+        "cache_control": {"description": "accepted and ignored: the prefix cache needs no marks"},
+    }
+
+    def kind(*kinds: str) -> dict:  # a tool_choice of one of `kinds`
+        return obj({"tool_choice": obj({"type": {"enum": list(kinds)}}, ("type",))}, ("tool_choice",))
+
+    # Fields that need another: a tool_choice other than none needs tools, a strict tool a
+    # forced call, and disable_parallel_tool_use (auto) one stop string of its own.
+    strict = obj({"tools": {"type": "array", "contains": obj({"strict": {"const": True}}, ("strict",))}}, ("tools",))
+    needs = [{"if": kind("auto", "any", "tool"), "then": obj({"tools": {"type": "array", "minItems": 1}}, ("tools",))},
+             {"if": strict, "then": kind("any", "tool")}]
+    parallel = obj({"tool_choice": obj({"type": {"const": "auto"}, "disable_parallel_tool_use": {"const": True}},
+                                       ("type", "disable_parallel_tool_use"))}, ("tool_choice",))
+    one_call = {"if": parallel, "then": obj({"stop_sequences": {"maxItems": MAX_STOP_STRINGS - 1}})}
+
+    def request(names, required: tuple[str, ...], conditions: list) -> dict:
+        names = sorted(names | set(anthropic.REFUSED))  # a field without a schema here is a KeyError
+        return obj({name: fields[name] for name in names}, required, closed=True, allOf=conditions)
+
+    usage = obj({"input_tokens": count, "output_tokens": count, "cache_creation_input_tokens": count,
+                 "cache_read_input_tokens": count},
+                ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"),
+                closed=True)
+    stop = {"stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", None]},
+            "stop_sequence": nullable(string)}
+    text = obj({"type": {"const": "text"}, "text": string}, ("type", "text"), closed=True)
+    call = obj({"type": {"const": "tool_use"}, "id": {"type": "string", "pattern": "^toolu_"}, "name": string,
+                "input": {"type": "object"}}, ("type", "id", "name", "input"), closed=True)
+    index = {"index": count}
+    events = {
+        "message_start": {"message": ref("AnthropicMessage")},
+        "content_block_start": {**index, "content_block": {"anyOf": [text, call]}},
+        "content_block_delta": {**index, "delta": {"anyOf": [
+            obj({"type": {"const": "text_delta"}, "text": string}, ("type", "text"), closed=True),
+            obj({"type": {"const": "input_json_delta"}, "partial_json": string}, ("type", "partial_json"),
+                closed=True)]}},
+        "content_block_stop": index,
+        "message_delta": {"delta": obj(stop, tuple(stop), closed=True), "usage": usage},
+        "message_stop": {},
+    }
+    return {
+        "MessagesRequest": request(anthropic.MESSAGES, ("messages", "max_tokens"), [*needs, one_call]),
+        "MessageTokensRequest": request(anthropic.PROMPT, ("messages",), needs),
+        "AnthropicMessage": obj({"id": {"type": "string", "pattern": "^msg_"}, "type": {"const": "message"},
+                                 "role": {"const": "assistant"}, "model": string,
+                                 "content": {"type": "array", "items": {"anyOf": [text, call]}}, **stop,
+                                 "usage": usage},
+                                ("id", "type", "role", "model", "content", *stop, "usage"), closed=True),
+        "MessageEvent": {"anyOf": [
+            *(obj({"type": {"const": name}, **body}, ("type", *body), closed=True) for name, body in events.items()),
+            ref("AnthropicError")], "description": "a stream's event; an error ends it"},
+        "MessageTokens": obj({"input_tokens": count}, ("input_tokens",), closed=True),
+        "AnthropicError": obj({"type": {"const": "error"}, "error": obj(
+            {"type": {"enum": sorted({*anthropic.ERROR_TYPES.values(), "invalid_request_error", "api_error"})},
+             "message": string}, ("type", "message"), closed=True)}, ("type", "error"), closed=True),
+    }
+
+
+def messages_paths(generation: tuple[int, ...], security: list) -> dict:
+    """`/v1/messages` and `/v1/messages/count_tokens` (app.py's routes of `anthropic.py`):
+    refusals in Anthropic's shape, the key also as Anthropic's clients send it (`x-api-key`)."""
+    events = obj({"event": {"type": "string", "description": "the type of its data"}, "data": {
+        "type": "string", "contentMediaType": "application/json", "contentSchema": ref("MessageEvent")}},
+        ("event", "data"), description="Server-Sent Events: `event: <type>` and `data: <event>` of that type; "
+                                       "no [DONE]")
+    security = [*security, {"x-api-key": []}]
+    return {
+        "/v1/messages": {"post": operation(
+            "createMessage", "A message (Anthropic's Messages API)", _response(
+                "The message (with stream: true, its events)",
+                {**_json(ref("AnthropicMessage")), "text/event-stream": {"schema": events}}),
+            generation, body=ref("MessagesRequest"), security=security, error="AnthropicError")},
+        "/v1/messages/count_tokens": {"post": operation(
+            "countMessageTokens", "The input tokens of a Messages request, nothing generated",
+            _response("The count", _json(ref("MessageTokens"))), (400, 401, 404, 413),
+            body=ref("MessageTokensRequest"), security=security, error="AnthropicError")},
+    }
+
+
 # ---- operations -------------------------------------------------------------------------------
 
 
@@ -348,13 +605,23 @@ def _response(description: str, content: dict | None = None, *, retry: bool = Fa
     return out
 
 
+def refusal(error: str, status: int) -> dict:
+    """The schema of a refusal of `status` by an operation whose API answers with `error`
+    (the name of its error schema). A 405 comes from the router, before any route, and a
+    503 may come from the middleware (guard.py: draining, too many connections) before it:
+    those are OpenAI's `Error` whatever the API."""
+    if status == 405 or error == "Error":
+        return ref("Error")
+    return {"anyOf": [ref(error), ref("Error")]} if status == 503 else ref(error)
+
+
 def operation(op_id: str, summary: str, ok: dict, errors: tuple[int, ...], *, body: dict | None = None,
-              auth: bool = True, security: list | None = None, parameters: list = ()) -> dict:
-    """One operation: its answer, its refusals (each an `Error`; every operation may meet 405,
-    500 and 503), its body and key (`auth`: the API key applies)."""
+              auth: bool = True, security: list | None = None, parameters: list = (), error: str = "Error") -> dict:
+    """One operation: its answer, its refusals (each an `error`, `refusal`'s; every operation
+    may meet 405, 500 and 503), its body and key (`auth`: the API key applies)."""
     responses = {"200": ok}
     for status in sorted({*errors, 405, 500, 503}):
-        responses[str(status)] = _response(ERROR_STATUSES[status], _json(ref("Error")), retry=status == 503)
+        responses[str(status)] = _response(ERROR_STATUSES[status], _json(refusal(error, status)), retry=status == 503)
     out = {"operationId": op_id, "summary": summary, "responses": responses}
     if parameters:
         out["parameters"] = list(parameters)
@@ -413,6 +680,8 @@ def describe(server) -> dict:
         "/detokenize": {"post": operation("detokenize", "The text of token ids", _response(
             "The text", _json(ref("Detokenized"))), body_errors, body=ref("DetokenizeRequest"), security=security)},
     }
+    paths.update(responses_paths(generation, security))
+    paths.update(messages_paths(generation, security))
     # /health answers 503 with the same body while it drains or its engine is dead or stuck.
     paths["/health"]["get"]["responses"]["503"] = _response(
         "Draining, or the engine thread is dead or stuck", _json(ref("Health")))
@@ -433,21 +702,26 @@ def describe(server) -> dict:
         **message_schemas(),
         **tool_schemas(),
         **response_schemas(),
+        **responses_schemas(ctx, chat),
+        **messages_schemas(chat),
     }
     return {
         "openapi": "3.1.0",
         "info": {"title": "tiny-llm serve", "version": __version__,
                  "description": f"An OpenAI-compatible server of the model {model!r} "
                                 f"(context {ctx.context_length or 'unbounded'} tokens, vocabulary "
-                                f"{ctx.vocab_size}). Fields beyond OpenAI's are tiny-llm's sampling "
-                                "extensions (llama.cpp's names) and constraints (grammar, regex, json_schema).",
+                                f"{ctx.vocab_size}), with Anthropic's Messages API too. Fields beyond "
+                                "OpenAI's (and Anthropic's) are tiny-llm's sampling extensions (llama.cpp's "
+                                "names) and constraints (grammar, regex, json_schema).",
                  "x-model": model},
         "servers": [{"url": "/"}],
         "paths": paths,
         "components": {
             "schemas": schemas,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "the server's --api-key, if it has one"}},
+                                           "description": "the server's --api-key, if it has one"},
+                                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                                              "description": "the same key as Anthropic's clients send it"}},
             "headers": {
                 "X-Request-Id": {"description": "the client's own X-Request-Id (1-128 of [A-Za-z0-9._:-]) "
                                                 "or a new req-<24 hex>", "required": True,
