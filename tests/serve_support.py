@@ -106,3 +106,10 @@ def running_server(*args: str, model: str = "default", env: dict[str, str] | Non
                 process.wait(5)
         server.final_log = server.log_text
         log.unlink(missing_ok=True)
+
+
+def openai_client(server, timeout: float = 120):
+    """The official `openai` client of a live server: no retries, `timeout` seconds a request."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)

@@ -16,7 +16,7 @@ import jsonschema
 import mlx.core as mx
 import openai
 import pytest
-from serve_support import running_server
+from serve_support import openai_client, running_server
 from test_serve_text import TIME, WEATHER
 
 import tiny_llm
@@ -44,7 +44,7 @@ def local(tiny_dir):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    return openai.OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(tiny)
 
 
 def chat(text: str) -> list[dict]:

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from serve_support import running_server
+from serve_support import openai_client, running_server
 from test_serve_text import TIME, WEATHER
 
 from tiny_llm.constrain import Grammar
@@ -161,7 +161,7 @@ def served(tiny_dir):
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(served)
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ validates. Each token costs a fifth of a second here, so the replies are short."
 import json
 
 import jsonschema
-import openai
 import pytest
-from serve_support import running_server
+from serve_support import openai_client, running_server
 
 pytestmark = pytest.mark.xdist_group("serve-default")
 
@@ -19,7 +18,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 @pytest.fixture(scope="module")
 def client():
     with running_server("--max-batch-size", "10") as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        yield openai_client(server, timeout=300)
 
 
 def test_a_chat_turn_whole_and_streamed(client, default_tokenizer):

@@ -18,7 +18,7 @@ import openai
 import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from serve_support import running_server
+from serve_support import openai_client, running_server
 from test_serve_agents import Forecast, recording_client, run_openai_agent, weather
 from test_serve_text import WEATHER
 
@@ -328,7 +328,7 @@ def tiny(tiny_dir):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    return openai.OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(tiny)
 
 
 def raw_events(tiny, body: dict) -> list[dict]:
