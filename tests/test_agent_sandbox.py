@@ -238,7 +238,8 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     appends its line exactly once (the sandbox dies with the agent; unsandboxed, the resumed
     run kills the command the dead agent left before it looks at the files)."""
     ws, _ = place
-    slow = python("import time; time.sleep(2); open('lines.txt', 'a').write('line\\n')")
+    # Slow enough that the resumed agent (a new Python process) starts while it still runs.
+    slow = python("import time; time.sleep(5); open('lines.txt', 'a').write('line\\n')")
     script = tmp_path / "script.json"
     script.write_text(json.dumps([slow, finish()]))
     log = tmp_path / "run.jsonl"
@@ -261,12 +262,11 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     agent_proc.wait()
     resumed = subprocess.run(cli + ["--resume", str(log)], capture_output=True, text=True, timeout=120, env=env)
     assert resumed.returncode == 0, resumed.stderr
-    time.sleep(2.5)  # long enough for a surviving command to append its line
+    time.sleep(5.5)  # long enough for a surviving command to append its line
     assert (ws / "lines.txt").read_text() == "line\n"
     events = RunLog.read(log)
     settled = [e for e in events if e.kind == "observation"]
     assert len(settled) == 1 and settled[0].step == 0 and events[-1].kind == "finish"
-    assert ("not sandboxed" in settled[0].data["text"]) == (not sandboxed)
 
 
 def test_without_a_sandbox_commands_are_refused_unless_allowed_unsandboxed(tmp_path, place, monkeypatch, capsys):
