@@ -470,4 +470,10 @@ def test_two_ranks_serve_http_from_rank_zero(models):
                                                                      ["length", "stop"], ["stop", "stop"])
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        finally:
+            try:  # a rank that outlived the launcher, or ignored SIGTERM, goes too
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
