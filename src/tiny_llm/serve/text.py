@@ -107,27 +107,35 @@ def parse_tool_call(body: str) -> ToolCall | None:
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 
 
-def _object_end(text: str) -> int | None:
-    """Where the JSON object at the start of `text` ends (the index after its closing brace),
-    or None while it is still open: braces counted outside strings."""
-    depth, in_string, escaped = 0, False, False
-    for i, c in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+class _ObjectEnd:
+    """Where a JSON object written piece by piece ends: braces counted outside strings, each
+    character read once however many pieces the object comes in."""
+
+    def __init__(self):
+        self.depth, self.in_string, self.escaped, self.read = 0, False, False, 0
+        self.end: int | None = None  # the index after the closing brace, once written
+
+    def feed(self, text: str) -> int | None:
+        """`text`: the object's text so far (it only grows)."""
+        while self.end is None and self.read < len(text):
+            c = text[self.read]
+            self.read += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+                self.in_string = True
+            elif c == "{":
+                self.depth += 1
+            elif c == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = self.read
+        return self.end
 
 
 class _OpenCall:
@@ -138,6 +146,7 @@ class _OpenCall:
         self.index, self.id, self.name = index, f"call_{uuid.uuid4().hex[:24]}", None
         self.arguments_at: int | None = None  # where the arguments object starts in the block's body
         self.sent = 0  # characters of the arguments sent
+        self.arguments_end = _ObjectEnd()
 
 
 class ToolCallText:
@@ -181,8 +190,7 @@ class ToolCallText:
             self._started += 1
             self._deltas.append(ToolCallDelta(call.index, "", call.id, call.name))
         arguments = body[call.arguments_at:]
-        end = _object_end(arguments)
-        ready = arguments if end is None else arguments[:end]
+        ready = arguments[:call.arguments_end.feed(arguments)]
         if len(ready) > call.sent:
             self._deltas.append(ToolCallDelta(call.index, ready[call.sent:]))
             call.sent = len(ready)
@@ -197,7 +205,7 @@ class ToolCallText:
         if call is None or opened.arguments_at is None or opened.name != call.name:
             return call
         text = body[opened.arguments_at:]
-        return ToolCall(call.name, text[:_object_end(text)], opened.id, streamed=True)
+        return ToolCall(call.name, text[:opened.arguments_end.end], opened.id, streamed=True)
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.pending += text
