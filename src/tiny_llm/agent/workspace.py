@@ -19,6 +19,10 @@ sandbox can be made, `run` is refused unless the workspace was made `unsandboxed
 
 Every file an effect may change is kept in the blob store before and after it (by content:
 an unchanged file costs nothing), so any step can be undone (`restore`).
+
+Longer than one module should be: the path policy, the six tools, kept outputs and
+receipts, the command runner and undo all work through the same root and `resolve`; the
+seam to cut next is the policy (`resolve`, `prepare_command`) into a module of its own.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ Constructs with no GBNF counterpart (backreferences, lookarounds, `\b \B \A \Z`,
 possessive quantifiers, atomic and conditional groups, comment groups, `\p{..}`) raise
 `ValueError` naming the construct and its 0-based position in the pattern, as does a malformed
 pattern (the cases where `re.compile` raises).
+
+Over 600 lines because Python's regex syntax is large: the parser (`_Parser`), the tree's
+simplification and the GBNF printer are one pipeline over one node type, and a search's
+branches (`search_branches`) reuse the parser's tree.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ enforce (`PARAM_BOUNDS`). A field the server learns to take cannot be missing he
 field without a schema is a `KeyError` when the description is built, and
 tests/test_serve_fuzz.py compares the description with the app and fuzzes the server
 against it.
+
+It is long because it is data: three APIs' requests, answers, events and errors, one
+section each (chat and completions, `responses_schemas`, `messages_schemas`); splitting it
+would spread one document's shared pieces (`obj`, `ref`, `operation`) over several.
 """
 
 import types
