@@ -87,7 +87,7 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     # tokens found in the prefix cache (week 3, day 3).
     "tests/test_serve_text.py": (),
     # One request builder: the command line's generate, chat and batch with --min-tokens.
-    "tests/test_requests.py": ("week2-day5",),
+    "tests/test_request.py": ("week2-day5",),
     "tests/test_serve.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_responses.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_anthropic.py": ("week2-day5", "week3-day3"),

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..requests import CONSTRAINTS, PARAMS, FieldError, GrammarCache, build_request, seeded
+from ..request import CONSTRAINTS, PARAMS, FieldError, GrammarCache, build_request, seeded
 from .common import UserError, load, messages_text, prefix_cache_days_done
 from .options import (add_batch_size_option, add_cache_options, add_model_options, add_sampling_options,
                       batch_settings, request, request_fields)

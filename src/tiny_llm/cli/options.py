@@ -1,5 +1,5 @@
 """Engine — the command line's option groups (model, prefill, caches, sampling), and what they
-turn into: a request from `tiny_llm.requests` and the batch's `BatchSettings`."""
+turn into: a request from `tiny_llm.request` and the batch's `BatchSettings`."""
 
 import argparse
 import re
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE,
                         PREFIX_CACHE_BYTES, TEMPERATURE, BatchSettings)
-from ..requests import FieldError, Request, build_request, respelled
+from ..request import FieldError, Request, build_request, respelled
 from .common import UserError, prefill_step
 
 
@@ -153,7 +153,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def request_fields(args: argparse.Namespace) -> dict:
-    """The request the sampling flags describe, as fields of `tiny_llm.requests`: a
+    """The request the sampling flags describe, as fields of `tiny_llm.request`: a
     --grammar or --json-schema file is read here, and once `request` has compiled the
     constraint, the compiled grammar stands in its place."""
     fields = {field: getattr(args, field) for _, field, _, _ in SAMPLING_FLAGS}
@@ -191,7 +191,7 @@ def flag_label(field: str, args: argparse.Namespace) -> str:
 
 
 def request(args: argparse.Namespace, tokenizer=None, vocab_size: int | None = None) -> Request:
-    """The request of the flags (`tiny_llm.requests.build_request`), its mistakes a UserError
+    """The request of the flags (`tiny_llm.request.build_request`), its mistakes a UserError
     naming the flag. Without a tokenizer the flags are checked before a model is loaded.
     A constraint is compiled once and kept in `args`."""
     try:

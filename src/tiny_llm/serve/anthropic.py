@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
-from ..requests import MAX_STOP_STRINGS, FieldError, parse_stop
+from ..request import MAX_STOP_STRINGS, FieldError, parse_stop
 from .engine import Event
 from .protocol import EXTENSIONS, RequestError, parse
 from .reply import Api, Reply, sse

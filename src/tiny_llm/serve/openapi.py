@@ -21,7 +21,7 @@ import typing
 from dataclasses import fields
 
 from .. import __version__
-from ..requests import MAX_STOP_STRINGS
+from ..request import MAX_STOP_STRINGS
 from ..sampler import SamplingParams
 from ..sampler.draw import DRAWS
 from ..sampler.params import ALIASES, PRESETS, STAGES

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from ..constrain import json_schema_to_gbnf
 from ..defaults import MAX_TOKENS
-from ..requests import FieldError, GrammarCache, build_request, check_max_tokens, seeded
+from ..request import FieldError, GrammarCache, build_request, check_max_tokens, seeded
 from ..sampler import SamplingParams
 from ..sampler.params import MAX_TOP_K
 from ..sampler.checks import check_int
@@ -386,7 +386,7 @@ def _response_schema(fmt) -> dict | bool | None:
 
 
 def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Context):
-    """The request's sampling parameters, grammar and stop strings (`tiny_llm.requests`)."""
+    """The request's sampling parameters, grammar and stop strings (`tiny_llm.request`)."""
     given = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
     for name in FLOAT_PARAMS & set(given):
         _check_float32(name, given[name])

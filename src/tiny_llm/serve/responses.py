@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
-from ..requests import check_max_tokens
+from ..request import check_max_tokens
 from .engine import Event
 from .guard import Exchange
 from .protocol import EXTENSIONS, Job, RequestError, check_field, parse

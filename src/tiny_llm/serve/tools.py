@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ..constrain import Grammar, json_schema_to_gbnf
-from ..requests import FieldError
+from ..request import FieldError
 from .text import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 TOOLS_PREAMBLE = """\

@@ -1,4 +1,4 @@
-"""One way to build a request (`tiny_llm.requests`): the command line's flags, a batch file's
+"""One way to build a request (`tiny_llm.request`): the command line's flags, a batch file's
 lines and the server's bodies reach `SamplingParams` through it, with the tokenizer's
 end-of-sequence ids for `min_tokens` and the field named as each caller spells it."""
 
@@ -13,7 +13,7 @@ from test_cli import prompts_file, run_captured
 from tiny_llm.cli import build_parser
 from tiny_llm.cli.options import SAMPLING_FLAGS, request
 from tiny_llm.constrain import Grammar
-from tiny_llm.requests import FieldError, GrammarCache, build_request, parse_logit_bias, parse_stop, seeded
+from tiny_llm.request import FieldError, GrammarCache, build_request, parse_logit_bias, parse_stop, seeded
 from tiny_llm.sampler import SamplingParams
 
 TOKENIZER = vocab_tokenizer(64)  # token 0 ends the sequence
