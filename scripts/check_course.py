@@ -15,6 +15,13 @@ is run at the first stage where it can), the commands a student runs at that sta
 and the next stage's command stops with a one-line error naming the missing day. The last
 stage is the full solution, whose tests `make test` runs; its commands still run here.
 
+With `--hits DIR` (what `TINY_LLM_DAY_HITS=DIR make test` recorded for this very tree, see
+tests/day_hits.py): a test file that never runs a day's code behaves the same with that day
+stubbed, so it is not run again where that is all that differs — a stripped day's check runs
+its own tests and the later files that run its code; a stage runs the files that run code of
+a day not done yet (or whose runs were not all recorded). Each skipped run is listed with the
+reason; records of another tree are ignored, saying so.
+
 Stages or days run `--jobs` at a time (default: the number of CPUs). Exit status 1 when
 anything fails.
 """
@@ -32,10 +39,38 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import day_hits  # noqa: E402
 from course import DAYS, ROOT, depends_on, needed_days, test_file  # noqa: E402
 from make_starter import INSTRUCTOR_ONLY, make_starter, parse_days  # noqa: E402
 
 COMMAND_TIMEOUT = 600  # seconds for one CLI command of the walkthrough
+# Test files whose outcome depends on the package's source text, not only on the code they run.
+READS_SOURCES = {"tests/test_layout.py"}
+
+
+class Hits:
+    """Which days' code each test file ran (None: not known, so it may run any)."""
+
+    def __init__(self, files: dict[str, set[str] | None] | None = None):
+        self.files = files
+
+    @classmethod
+    def load(cls, folder: Path | None) -> "Hits":
+        """The records in `folder`, if they are all of this tree; else none (saying why)."""
+        if folder is None:
+            return cls()
+        files = day_hits.load(folder)
+        if files is None:
+            print(f"hits: {folder} holds no records of this tree; every test file runs", flush=True)
+        return cls(files)
+
+    def may_run(self, test: str, days: set[str]) -> bool:
+        """False only when `test` is known to run none of `days`' code."""
+        if self.files is None or test in READS_SOURCES:
+            return True
+        ran = self.files.get(test)
+        return ran is None or bool(ran & days)
 
 
 def run_pytest(tree: Path, files: list[str], report: Path) -> dict[str, Counter]:
@@ -73,12 +108,13 @@ def outcomes(report: Path) -> dict[str, Counter]:
     return results
 
 
-def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
-    """Strip `day`, run its tests and the tests of the later days that do not depend on it;
-    report rows and success."""
+def check_day(day: str, workdir: Path, hits: Hits = Hits()) -> tuple[bool, list[str]]:
+    """Strip `day`, run its tests and the tests of the later days that do not depend on it
+    (those that may run its code); report rows and success."""
     tree = workdir / day
     make_starter(tree, {day})
-    independent = [d for d in DAYS[DAYS.index(day) + 1:] if not depends_on(d, day)]
+    later = [d for d in DAYS[DAYS.index(day) + 1:] if not depends_on(d, day)]
+    independent = [d for d in later if hits.may_run(test_file(d), {day})]
     files = [test_file(day)] + [test_file(d) for d in independent]
     results = run_pytest(tree, files, workdir / f"{day}.xml")
     ok, rows = True, []
@@ -102,6 +138,9 @@ def check_day(day: str, workdir: Path) -> tuple[bool, list[str]]:
         rows.append(f"{'':12s} {test_file(d):28s} {n:5d} tests  still pass: "
                     + ("yes" if good else f"NO ({res['failed']} failed, {res['skipped']} skipped)"))
         rows += [f"{'':12s}   fails: {k[len('failed:'):]}" for k in res if k.startswith("failed:")]
+    unaffected = [test_file(d) for d in later if d not in independent]
+    if unaffected:
+        rows.append(f"{'':12s} not run: {len(unaffected)} later files never run {day}'s code (recorded)")
     return ok, rows
 
 
@@ -218,15 +257,20 @@ def check_needs(tree: Path, argv: list[str], done: set[str]) -> tuple[bool, str]
     return good, f"{'ok' if good else 'FAILED'}  {_shown(argv)} stops: {why}"
 
 
-def check_stage(k: int, workdir: Path, tests: list[str]) -> tuple[bool, list[str]]:
-    """Stage k: the first k days done. Runs the test files that become runnable here and the
-    stage's commands."""
+def check_stage(k: int, workdir: Path, tests: list[str], hits: Hits = Hits()) -> tuple[bool, list[str]]:
+    """Stage k: the first k days done. Runs the test files that become runnable here (those
+    that may run a later day's code) and the stage's commands."""
     done = set(DAYS[:k])
     name = f"stage {k:2d}: " + (f"up to {DAYS[k - 1]}" if k else "no day done")
     tree = workdir / f"stage{k}"
     make_starter(tree, set(DAYS[k:]), quiet=True)
     ok, rows = True, [name]
     files = [t for t in tests if stage_of(t) == k]
+    unaffected = [t for t in files if not hits.may_run(t, set(DAYS[k:]))]
+    files = [t for t in files if t not in unaffected]
+    if unaffected and k < len(DAYS):
+        rows.append(f"   not run: {', '.join(unaffected)}: they run no later day's code (recorded), "
+                    "so they pass here as in `make test`")
     if k == len(DAYS):
         rows.append(f"   tests: the full solution; `make test` runs {', '.join(files) or 'them'}")
     elif files:
@@ -257,7 +301,7 @@ def check_stage(k: int, workdir: Path, tests: list[str]) -> tuple[bool, list[str
     return ok, rows
 
 
-def walkthrough(days: set[str], jobs: int) -> bool:
+def walkthrough(days: set[str], jobs: int, hits: Hits = Hits()) -> bool:
     """Every stage that ends with one of `days` (and stage 0 when all days are chosen)."""
     tests = [t for t in (p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").glob("test_*.py")))
              if t not in INSTRUCTOR_ONLY]
@@ -271,7 +315,7 @@ def walkthrough(days: set[str], jobs: int) -> bool:
         print("\n".join(unknown), file=sys.stderr)
         return False
     stages = [k for k in range(len(DAYS) + 1) if (k == 0 and days == set(DAYS)) or (k and DAYS[k - 1] in days)]
-    return _run_all(stages, lambda k, tmp: check_stage(k, tmp, tests), jobs, cost=lambda k: k)  # later: costlier
+    return _run_all(stages, lambda k, tmp: check_stage(k, tmp, tests, hits), jobs, cost=lambda k: k)  # later: costlier
 
 
 def _run_all(items: list, check, jobs: int, cost=None) -> bool:
@@ -299,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", default=None, help="comma-separated days (default: all); with --walkthrough, "
                                                      "the stages that end with these days")
     parser.add_argument("--walkthrough", action="store_true", help="check every stage of the course instead")
+    parser.add_argument("--hits", type=Path, default=None,
+                        help="what TINY_LLM_DAY_HITS=DIR make test recorded: skip the runs it proves cannot fail")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks run at once (default: CPUs)")
     args = parser.parse_args(argv)
     try:
@@ -308,12 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"check_course: error: {e}", file=sys.stderr)
         return 2
+    hits = Hits.load(args.hits)
     if args.walkthrough:
-        all_ok = walkthrough(days, args.jobs)
+        all_ok = walkthrough(days, args.jobs, hits)
         print("every stage of the course works" if all_ok else "FAILED: see the rows marked above")
         return 0 if all_ok else 1
     print(f"{'day stripped':12s} {'test file':28s} {'':5s}")
-    all_ok = _run_all([d for d in DAYS if d in days], check_day, args.jobs,
+    all_ok = _run_all([d for d in DAYS if d in days], lambda day, tmp: check_day(day, tmp, hits), args.jobs,
                       cost=lambda day: sum(1 for d in DAYS[DAYS.index(day):] if d == day or not depends_on(d, day)))
     print("every day's tests bite" if all_ok else "FAILED: see the rows marked above")
     return 0 if all_ok else 1

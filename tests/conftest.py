@@ -3,6 +3,11 @@
 import importlib
 import json
 
+import day_hits
+
+day_hits.install()  # before anything imports tiny_llm: with TINY_LLM_DAY_HITS set, record each day's code run
+from day_hits import pytest_configure, pytest_fixture_setup, pytest_runtest_protocol, pytest_sessionfinish  # noqa: E402,F401
+
 import mlx.core as mx
 import numpy as np
 import pytest

@@ -263,3 +263,74 @@ def test_every_shipped_test_file_says_which_days_it_needs():
     assert needed_days(test_file("week1-day1")) == {"week1-day1"}
     with pytest.raises(KeyError, match="tests/test_unknown.py is neither"):
         needed_days("tests/test_unknown.py")
+
+
+# ---- what `make test` records for check_course (tests/day_hits.py) ------------------------
+
+import day_hits  # noqa: E402
+from check_course import READS_SOURCES, Hits, check_stage  # noqa: E402
+
+
+def test_instrumented_regions_keep_their_lines_and_call_the_recorder():
+    source = "def f(x):\n    # BEGIN SOLUTION week1-day2\n    return x + 1\n    # END SOLUTION\n"
+    out = day_hits.instrument(source)
+    assert out.splitlines()[1] == '    __day_hit__("week1-day2")  # BEGIN SOLUTION week1-day2'
+    assert len(out.splitlines()) == len(source.splitlines())
+    seen, namespace = [], {"__day_hit__": lambda day: seen.append(day)}
+    exec(compile(out, "m.py", "exec"), namespace)
+    assert namespace["f"](1) == 2 and seen == ["week1-day2"]
+
+
+def test_kernel_ops_map_to_the_cpp_days_whose_code_they_run():
+    ops = day_hits.op_days()
+    assert ops["quantized_matmul"] == {"week2-day6"}
+    assert {"week2-day6", "week2-day7"} <= ops["decode_layer"]
+    assert "week3-day6" in ops["paged_attention"]
+    assert ops["num_threads"] == set()
+
+
+def test_a_run_records_the_days_of_the_code_a_test_and_its_child_process_ran(tmp_path):
+    """softmax is week 1 day 1's; linear (in a process the test starts) week 1 day 1's too,
+    silu week 1 day 4's; a forked test may run anything."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_a.py").write_text(
+        "import mlx.core as mx\nfrom tiny_llm.basics import softmax\n\n"
+        "def test_a():\n    softmax(mx.zeros((2,)), axis=-1)\n")
+    (tests / "test_b.py").write_text(
+        "import subprocess, sys\n\n"
+        "def test_b():\n    subprocess.run([sys.executable, '-c', 'import mlx.core as mx; "
+        "from tiny_llm.basics import silu; silu(mx.zeros((2,)))'], check=True)\n")
+    (tests / "test_c.py").write_text("import os\n\ndef test_c():\n    if os.fork() == 0:\n        os._exit(0)\n")
+    records = tmp_path / "hits"
+    env = {**os.environ, "TINY_LLM_DAY_HITS": str(records),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "day_hits",
+                          "--rootdir", str(tests), str(tests)], cwd=tests, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    files = day_hits.load(records)
+    assert files == {str(tests / "test_a.py"): {"week1-day1"}, str(tests / "test_b.py"): {"week1-day4"},
+                     str(tests / "test_c.py"): None}
+    # Records of another tree count for nothing.
+    assert day_hits.load(records, root=tmp_path) is None
+
+
+def test_check_course_skips_only_what_the_records_prove_cannot_fail(tmp_path, monkeypatch):
+    hits = Hits({"tests/test_week1_day7.py": {"week1-day7"}, "tests/test_x.py": None,
+                 "tests/test_layout.py": set()})
+    assert not hits.may_run("tests/test_week1_day7.py", {"week1-day1"})
+    assert hits.may_run("tests/test_week1_day7.py", {"week1-day7", "week2-day1"})
+    assert hits.may_run("tests/test_x.py", {"week1-day1"})  # unknown
+    assert hits.may_run("tests/test_never_recorded.py", {"week1-day1"})
+    assert "tests/test_layout.py" in READS_SOURCES and hits.may_run("tests/test_layout.py", {"week1-day1"})
+    assert Hits().may_run("tests/test_week1_day7.py", {"week1-day1"})  # no records: everything runs
+    # At the stage of week 1 day 7, its file runs only day 7's code: it is not run again.
+    ran = []
+    monkeypatch.setattr("check_course.make_starter", lambda *a, **k: None)
+    monkeypatch.setattr("check_course.run_pytest", lambda tree, files, report: ran.extend(files) or {})
+    monkeypatch.setattr("check_course.run_command", lambda tree, argv: subprocess.CompletedProcess(argv, 0, "x", ""))
+    k = DAYS.index("week1-day7") + 1
+    ok, rows = check_stage(k, tmp_path, ["tests/test_week1_day7.py"], hits)
+    assert ran == [] and any("not run: tests/test_week1_day7.py" in r for r in rows)
+    check_stage(k, tmp_path, ["tests/test_week1_day7.py"], Hits())
+    assert ran == ["tests/test_week1_day7.py"]
