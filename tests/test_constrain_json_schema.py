@@ -9,13 +9,16 @@ whitespace, ...). A reason also has to be right: for such rows the validator mus
 import functools
 import json
 import re
+import sys
+import threading
 from fractions import Fraction
 
 import jsonschema
 import pytest
 
 from tiny_llm.constrain import Grammar
-from tiny_llm.constrain.json_schema import json_schema_to_gbnf
+from tiny_llm.constrain.json_schema import json_equal, json_schema_to_gbnf
+from tiny_llm.constrain.json_schema.recursion import recursion_limit
 
 # ---- the oracle: json.loads + jsonschema --------------------------------------------------
 
@@ -743,3 +746,72 @@ def test_formats_are_annotations_where_a_complement_or_overlap_depends_on_them(s
     strings, but never relies on a format to exclude a value."""
     with pytest.raises(ValueError, match=re.escape(message)):
         json_schema_to_gbnf(schema)
+
+
+# ---- JSON equality and the recursion limit ---------------------------------------------------
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    (1, 1.0, True), (0, -0.0, True), (10**20, 1e20, True), (True, 1, False), (False, 0, False),
+    ("a", "a", True), ("\u00e9", "e\u0301", False), ("1", 1, False), (None, None, True), (None, False, False),
+    ([1, [2.0]], [1.0, [2]], True), ([1, 2], [2, 1], False), ([1], [1, 1], False), ([], {}, False),
+    ({"a": 1, "b": [True]}, {"b": [True], "a": 1.0}, True), ({"a": 1}, {"a": 1, "b": 1}, False),
+    ({"a": True}, {"a": 1}, False),
+])
+def test_json_equal_is_json_schema_equality(a, b, equal):
+    """Numbers by value, booleans apart from numbers, strings by code points, arrays in order,
+    objects whatever the order of their keys."""
+    assert json_equal(a, b) is equal and json_equal(b, a) is equal
+
+
+@pytest.fixture
+def low_recursion_limit():
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1500)
+    yield 1500
+    sys.setrecursionlimit(before)
+
+
+def test_compiling_puts_the_recursion_limit_back(low_recursion_limit):
+    """A deeply nested schema needs a higher recursion limit while it compiles; the limit is
+    the same after, also when compilation fails."""
+    assert json_schema_to_gbnf(nested_arrays(100)).startswith("root ::= ")
+    assert sys.getrecursionlimit() == low_recursion_limit
+    with pytest.raises(ValueError, match="is nested more than 100 deep"):
+        json_schema_to_gbnf(nested_arrays(101))
+    assert sys.getrecursionlimit() == low_recursion_limit
+    with pytest.raises(ValueError, match="'oneOf' at #/oneOf: branches 0 and 1 may both match numbers"):
+        json_schema_to_gbnf({"oneOf": [{"type": "number"}, {}]})
+    assert sys.getrecursionlimit() == low_recursion_limit
+
+
+def test_the_recursion_limit_is_put_back_when_the_last_block_ends(low_recursion_limit):
+    """Blocks nest and run at once in threads: the limit stays raised until the last one ends."""
+    with recursion_limit(3000):
+        with recursion_limit(2000):
+            assert sys.getrecursionlimit() == 3000
+        with pytest.raises(KeyError):
+            with recursion_limit(4000):
+                assert sys.getrecursionlimit() == 4000
+                raise KeyError("compilation failed")
+        assert sys.getrecursionlimit() == 4000
+    assert sys.getrecursionlimit() == low_recursion_limit
+    inside, leave = threading.Event(), threading.Event()
+
+    def other_thread():
+        with recursion_limit(3000):
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert inside.wait(10)
+    with recursion_limit(3000):
+        pass
+    assert sys.getrecursionlimit() == 3000  # the other thread still compiles
+    leave.set()
+    thread.join()
+    assert sys.getrecursionlimit() == low_recursion_limit
+    with pytest.raises(ValueError, match="limit must be at least 1, got 0"):
+        with recursion_limit(0):
+            pass

@@ -1,8 +1,8 @@
-r"""Engine — GBNF escapes: the ones grammar.py reads, and the writers of literals and classes.
+r"""Engine — GBNF escapes: the ones gbnf.py reads, and the writers of literals and classes.
 
-The parser (`grammar.py`) reads, after a backslash in a string literal or a character class, one
+The parser (`gbnf.py`) reads, after a backslash in a string literal or a character class, one
 of `n r t \ " [ ] - ^ /` or a hex escape `\xHH`, `\uHHHH`, `\UHHHHHHHH` (a code point). The
-converters (`regex.py`, `json_schema.py`) write their literals and classes with the two
+converters (`regex.py`, `json_schema/`) write their literals and classes with the two
 functions below, so what they write is read back as exactly the characters they meant:
 
     gbnf_literal('say "hi"\n')   # '"say \\"hi\\"\\n"'
