@@ -5,7 +5,9 @@ calls reads or writes outside the root."""
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -15,8 +17,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tiny_llm.agent.core import Action, Receipt
-from tiny_llm.agent.workspace import MAX_MATCHES, PolicyError, ToolError, Workspace, replace_once
+from tiny_llm.agent.actions import parse_action
+from tiny_llm.agent.boundary import PolicyError
+from tiny_llm.agent.core import Action, Receipt, ToolError
+from tiny_llm.agent.tools import MAX_MATCHES
+from tiny_llm.agent.workspace import Workspace, replace_once
 from tiny_llm.constrain import Grammar
 
 SECRET = b"TOP-SECRET-CONTENT-9d2f\n"
@@ -195,7 +200,8 @@ def test_edit_refusals_leave_the_file_as_it_was(ws):
         assert (obs.ok, obs.text, obs.receipt) == (False, reason, None)
     assert act(ws, "edit", path="new.py", old="a", new="b").text == \
         'edit: "new.py" does not exist; use write to create a file'
-    assert act(ws, "edit", path="src/util.py", old="", new="b").text == "edit: old must not be empty"
+    assert act(ws, "edit", path="src/util.py", old="", new="b").text == \
+        "edit args.old must have 1 to any number of characters, got 0"
     assert ws.digest("src/util.py") == sha(UTIL)
 
 
@@ -298,7 +304,7 @@ def test_run_starts_allowed_commands_in_the_root_with_a_receipt(ws):
     digests = {"a.txt": sha(A_TXT), "notes/todo.md": sha(b"- ship it\n"), "src/app.py": sha(APP),
                "src/util.py": sha(UTIL)}
     assert ws.touched(Action("run", {"command": ["echo"]})) == files
-    assert obs.receipt == Receipt("run", {"command": ["echo", "hello", "world"]}, digests, digests, 0)
+    assert obs.receipt == Receipt("run", {"command": ["echo", "hello", "world"]}, digests, digests, 0, False, 0)
     code = "import os, pathlib; print(os.getcwd()); pathlib.Path('made.txt').write_text('m'); raise SystemExit(3)"
     obs = act(ws, "run", command=["python", "-c", code])
     assert (obs.ok, obs.text) == (False, f"{ws.root}\n[exit status 3]\n")
@@ -308,14 +314,18 @@ def test_run_starts_allowed_commands_in_the_root_with_a_receipt(ws):
 
 
 def test_run_refuses_commands_that_are_not_allowed(ws):
+    """The tool's schema names the allowed commands (the grammar's enum), so its argument check
+    refuses any other; the boundary refuses them too, for a caller that skips the check."""
     for argv in (["cat", "a.txt"], ["/bin/echo", "x"], ["sh", "-c", "echo x"], ["echo ", "x"]):
         obs = act(ws, "run", command=argv)
         assert (obs.ok, obs.text, obs.receipt) == (
-            False, f"run: {json.dumps(argv[0])} is not an allowed command (allowed: echo, python)", None)
+            False, f'run args.command[0] must be one of ["echo", "python"], got {json.dumps(argv[0])}', None)
         assert ws.touched(Action("run", {"command": argv})) == []
+        with pytest.raises(PolicyError, match=r"is not an allowed command \(allowed: echo, python\)"):
+            ws.run_command(argv)
     none = Workspace(ws.root, blob_dir=ws.blob_dir)
     assert act(none, "run", command=["echo"]).text == 'run: "echo" is not an allowed command (allowed: none)'
-    assert act(ws, "run", command=[]).text == "run: command must have at least 1 item(s)"
+    assert act(ws, "run", command=[]).text == "run args.command must have 1 to any number of items, got 0"
     missing = Workspace(ws.root, allowed_commands=["no-such-command-tiny-llm"], blob_dir=ws.blob_dir)
     obs = act(missing, "run", command=["no-such-command-tiny-llm"])
     assert (obs.text, obs.receipt) == ('run: "no-such-command-tiny-llm" is allowed but not found on PATH', None)
@@ -326,7 +336,60 @@ def test_run_stops_at_its_time_limit(tree, tmp_path):
     obs = act(ws, "run", command=["python", "-c", "import time; print('started', flush=True); time.sleep(60)"])
     assert not obs.ok
     assert obs.text == "started\n[timed out after 0.5 s: killed, exit status -9]\n"
-    assert obs.receipt.exit_status == -9
+    assert (obs.receipt.exit_status, obs.receipt.timed_out, obs.receipt.dropped_bytes) == (-9, True, 0)
+
+
+def test_a_commands_receipt_says_how_it_ended_and_its_text_is_made_from_that(tree, tmp_path, monkeypatch):
+    """Exit status, time limit and the output dropped beyond what is kept are typed fields of
+    the receipt, and the observation's closing lines are written from them."""
+    from tiny_llm.agent import runner
+
+    monkeypatch.setattr(runner, "KEEP_BYTES", 1000)
+    ws = Workspace(tree[0], allowed_commands=["python"], output_bytes=2000, blob_dir=tmp_path / "blobs")
+    obs = act(ws, "run", command=["python", "-c", "import sys; sys.stdout.write('x' * 1500); raise SystemExit(2)"])
+    assert (obs.ok, obs.text) == (False, "x" * 1000 + "\n[500 more bytes of output were dropped]\n[exit status 2]\n")
+    assert (obs.receipt.exit_status, obs.receipt.timed_out, obs.receipt.dropped_bytes) == (2, False, 500)
+    assert obs.receipt.to_json()["timed_out"] is False and obs.receipt.to_json()["dropped_bytes"] == 500
+    result = ws.run_command(["python", "-c", "print('out')"])
+    assert (result.output, result.exit_status, result.timed_out, result.dropped_bytes) == (b"out\n", 0, False, 0)
+
+
+def test_a_commands_closing_lines_are_made_from_its_result():
+    from tiny_llm.agent.runner import CommandResult, closing_lines
+    from tiny_llm.agent.sandbox import CommandLimits
+
+    limits = CommandLimits(cpu_seconds=5, file_bytes=1 << 20)
+    cases = [
+        (CommandResult(b"x", 0, False, 0, True), "[exit status 0]\n"),
+        (CommandResult(b"x", -9, True, 0, True), "[timed out after 2.5 s: killed, exit status -9]\n"),
+        (CommandResult(b"x", 1, False, 7, False),
+         "[7 more bytes of output were dropped]\n[exit status 1; not sandboxed (--unsandboxed-commands)]\n"),
+        (CommandResult(b"", -signal.SIGXCPU, False, 0, True),
+         f"[exit status {-signal.SIGXCPU}: killed by the CPU time limit (5 s)]\n"),
+        (CommandResult(b"", 128 + signal.SIGXFSZ, False, 0, True),
+         f"[exit status {128 + signal.SIGXFSZ}: killed by the file size limit (1048576 bytes)]\n"),
+    ]
+    for result, lines in cases:
+        assert closing_lines(result, seconds=2.5, limits=limits) == lines
+    with pytest.raises(ValueError, match="dropped_bytes: an integer >= 0, got -1"):
+        CommandResult(b"", 0, False, -1, True)
+
+
+def test_a_receipt_from_an_older_log_reads_back_with_its_command_fields_unknown():
+    """A log written before receipts recorded `timed_out` and `dropped_bytes` reads back with
+    them None, and writes back as it was (a compaction summary made from it is the same)."""
+    old = {"tool": "run", "args": {"command": ["python", "t.py"]}, "before": {"t.py": None}, "after": {"t.py": None},
+           "exit_status": 1}
+    receipt = Receipt.from_json(old)
+    assert (receipt.exit_status, receipt.timed_out, receipt.dropped_bytes) == (1, None, None)
+    assert receipt.to_json() == old
+    new = Receipt("run", {"command": ["python"]}, {}, {}, -9, True, 0)
+    assert Receipt.from_json(json.loads(json.dumps(new.to_json()))) == new
+    for kwargs, message in [({"exit_status": True}, "exit_status: an integer or None, got True"),
+                            ({"timed_out": "yes"}, "timed_out: True, False or None, got 'yes'"),
+                            ({"dropped_bytes": -1}, "dropped_bytes: an integer >= 0 or None, got -1")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Receipt("run", {}, **kwargs)
 
 
 def test_run_environment_holds_no_secrets_of_the_parent(ws, monkeypatch):
@@ -379,7 +442,8 @@ def test_large_outputs_are_cut_and_kept_whole_for_range_reads(tree, tmp_path):
         "read: start 2000 is past the end of the blob (1080 bytes)"
     assert act(ws, "read", blob=sha(SECRET), start=0, end=10).text == \
         f"read: no kept output has the digest {sha(SECRET)}"
-    assert act(ws, "read", blob="../" + "0" * 61, start=0, end=1).text == "read: blob must match ^[0-9a-f]{64}$"
+    assert act(ws, "read", blob="../" + "0" * 61, start=0, end=1).text == \
+        f"read args.blob must match '^[0-9a-f]{{64}}$', got '../{'0' * 61}'"
     # A command's output is cut the same way, and a range of a line range too.
     out = act(ws, "run", command=["python", "-c", "import sys; sys.stdout.write('é' * 100)"])
     text = ("é" * 100).encode()
@@ -399,23 +463,31 @@ def test_bad_arguments_are_observations_and_change_nothing(ws):
     before = {p: ws.digest(p) for p in ws.tree()}
     cases = [
         (Action("delete", {"path": "a.txt"}), 'unknown tool "delete" (tools: list, read, search, edit, write, run)'),
-        (Action("read", {}), "read: missing argument 'path'"),
-        (Action("read", {"path": 3}), "read: path must be a string"),
-        (Action("read", {"path": "a.txt", "start_line": 0}), "read: start_line must be >= 1"),
-        (Action("read", {"path": "a.txt", "start_line": True}), "read: start_line must be an integer"),
-        (Action("read", {"blob": "0" * 64, "start": 0}), "read: missing argument 'end'"),
-        (Action("list", {"depth": 99}), "list: depth must be <= 20"),
-        (Action("search", {"pattern": "x", "regex": "yes"}), "search: regex must be true or false"),
-        (Action("edit", {"path": "a.txt", "old": "alpha"}), "edit: missing argument 'new'"),
+        # read's schema is an anyOf (a file's lines, or a blob's bytes): the reason is the
+        # branch's that shares the most keys with the arguments.
+        (Action("read", {}), "read args is missing 'path'"),
+        (Action("read", {"path": 3}), "read args.path must be string, got 3"),
+        (Action("read", {"path": "a.txt", "start_line": 0}), "read args.start_line must respect minimum 1, got 0"),
+        (Action("read", {"path": "a.txt", "start_line": True}), "read args.start_line must be integer, got true"),
+        (Action("read", {"blob": "0" * 64, "start": 0}), "read args is missing 'end'"),
+        (Action("list", {"depth": 99}), "list args.depth must respect maximum 20, got 99"),
+        (Action("search", {"pattern": "x", "regex": "yes"}), 'search args.regex must be boolean, got "yes"'),
+        (Action("edit", {"path": "a.txt", "old": "alpha"}), "edit args is missing 'new'"),
         (Action("write", {"path": "b.txt", "content": "x", "mode": 7}),
-         'write: unknown argument "mode" (arguments: path, content)'),
-        (Action("run", {"command": "echo hi"}), "run: command must be a list"),
-        (Action("run", {"command": ["echo", 1]}), "run: command[1] must be a string"),
-        (Action("run", ["echo"]), "run: arguments must be a JSON object"),
+         "write args has an unknown key 'mode' (allowed: path, content)"),
+        (Action("run", {"command": "echo hi"}), 'run args.command must be array, got "echo hi"'),
+        (Action("run", {"command": ["echo", 1]}), "run args.command[1] must be string, got 1"),
+        (Action("run", ["echo"]), 'run args must be object, got ["echo"]'),
     ]
+    tools = {t.name: t for t in ws.tools}
     for action, reason in cases:
         obs = ws.perform(action)
         assert (obs.ok, obs.text, obs.receipt) == (False, reason, None)
+        if action.tool in tools:  # the loop's check of a proposal says the same
+            text = json.dumps({"tool": action.tool, "args": action.args})
+            with pytest.raises(ValueError) as e:
+                parse_action(text, ws.tools)
+            assert str(e.value) == reason
     assert {p: ws.digest(p) for p in ws.tree()} == before
 
 
@@ -661,7 +733,7 @@ def test_run_passes_its_policy_to_bwrap(tree, tmp_path, monkeypatch):
     assert obs.ok, obs.text
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(calls) == 2 and calls[0][-2:] == ["--", "true"]  # the probe, then the command
-    executable, _ = ws.prepare_command(["python"], Path("/unused"))
+    executable, _ = ws.boundary.prepare_command(["python"], Path("/unused"))
     home = obs.text.splitlines()[0]  # the command's HOME: the policy's home folder
     readable = readable_folders([executable], keep_out=[ws.root, Path.home()])
     assert [str(fake)] + calls[1] == bwrap_args(str(fake), Policy(ws.root, readable, Path(home)),
@@ -673,7 +745,7 @@ def test_the_real_bwrap_keeps_the_command_inside(tree, tmp_path):
     there for the command, and a write out of the root lands nowhere."""
     root, secret = tree
     ws = Workspace(root, allowed_commands=["python"], blob_dir=tmp_path / "blobs")
-    assert ws.sandbox()[0] is not None, ws.sandbox()[1]
+    assert ws.boundary.sandbox()[0] is not None, ws.boundary.sandbox()[1]
     code = (f"import os; print(os.path.exists({str(secret)!r}), os.path.exists('a.txt')); "
             "open('../x', 'w').write('x')")  # the folder above is the sandbox's own, in its private /tmp
     obs = act(ws, "run", command=["python", "-c", code])

@@ -146,6 +146,25 @@ def test_replay_rebuilds_what_the_model_saw(tmp_path):
         replay(RunLog.read(log.path)[1:])
 
 
+def test_a_log_written_before_command_receipts_were_typed_replays_the_same(tmp_path):
+    """A run log whose receipts have no `timed_out` or `dropped_bytes` (an older run) still
+    replays: those fields read as unknown (None), and a compaction of it is the same summary,
+    word for word, as the one the older run went on with."""
+    old = {"tool": "run", "args": {"command": ["python", "t.py"]}, "before": {"t.py": "ab" * 32},
+           "after": {"t.py": "ab" * 32}, "exit_status": 1}
+    start = [{"role": "system", "content": "rules"}, {"role": "user", "content": "the task"}]
+    lines = [{"kind": "start", "step": 0, "task": "the task", "messages": start},
+             {"kind": "proposal", "step": 0, "text": "r"},
+             {"kind": "observation", "step": 0, "text": "[exit status 1]\n", "ok": False, "receipt": old},
+             {"kind": "proposal", "step": 1, "text": "s"},
+             {"kind": "observation", "step": 1, "text": "x", "ok": True, "receipt": None},
+             {"kind": "compaction", "step": 2, "keep_last": 1}]
+    (tmp_path / "old.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    messages, step, [receipt_] = replay(RunLog.read(tmp_path / "old.jsonl"))
+    assert (receipt_.exit_status, receipt_.timed_out, receipt_.dropped_bytes) == (1, None, None)
+    assert step == 2 and f"- {json.dumps(old, sort_keys=True)}" in messages[2]["content"].splitlines()
+
+
 def receipt(tool, path, before, after, status=None):
     return Receipt(tool, {"path": path}, {path: before}, {path: after}, status)
 

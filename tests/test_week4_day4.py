@@ -189,8 +189,13 @@ CONSTANT_CHECKS = [
      "constant RETRIES in settings.py: is 3, expected 4"),
     ({"kind": "constant", "path": "settings.py", "name": "RETRIES", "value": "3"},
      "constant RETRIES in settings.py: is 3, expected '3'"),
-    ({"kind": "constant", "path": "settings.py", "name": "RETRIES", "value": 3.0},
-     "constant RETRIES in settings.py: is 3, expected 3.0"),
+    # Values compare as JSON Schema compares them (`json_equal`): 3 is 3.0, at any depth; True is not 1.
+    ({"kind": "constant", "path": "settings.py", "name": "RETRIES", "value": 3.0}, None),
+    ({"kind": "constant", "path": "settings.py", "name": "SIZES", "value": [1.0, 2, [3, 4.0]]}, None),
+    ({"kind": "constant", "path": "settings.py", "name": "FLAGS", "value": {"fast": 1}},
+     "constant FLAGS in settings.py: is {'fast': True}, expected {'fast': 1}"),
+    ({"kind": "constant", "path": "settings.py", "name": "SIZES", "value": [1, 2, [3]]},
+     "constant SIZES in settings.py: is (1, 2, [3, 4]), expected [1, 2, [3]]"),
     ({"kind": "constant", "path": "settings.py", "name": "DEBUG", "value": 0},
      "constant DEBUG in settings.py: is False, expected 0"),
     ({"kind": "constant", "path": "settings.py", "name": "RATIO", "value": 0.25},
@@ -226,6 +231,11 @@ COMMAND_CHECKS = [
         "python3", "-c", "import os; extra = sorted(set(os.environ) - {'PATH', 'HOME', 'LANG', 'LC_CTYPE', 'PWD'}); "
                    "print(extra); raise SystemExit(1 if extra else 0)"]},
      None),
+    # The reason is read from the command's result, never from its observation's text: a last
+    # line that looks like the run tool's closing note is just output.
+    ({"kind": "command", "label": "fake note", "argv": [
+        "python3", "-c", "print('x'); print('[5 more bytes of output were dropped]'); raise SystemExit(1)"]},
+     "fake note: exit status 1, expected 0: [5 more bytes of output were dropped]"),
     ({"kind": "command", "label": "unknown", "argv": ["no-such-command-tiny-llm"]},
      'unknown: did not run: run: "no-such-command-tiny-llm" is allowed but not found on PATH'),
 ]

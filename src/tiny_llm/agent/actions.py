@@ -115,10 +115,17 @@ def _no_constant(name: str):
 
 def check_value(value, schema: dict, where: str = "value") -> None:
     """ValueError naming `where` (a path such as `edit args.path`) unless `value` validates
-    against `schema`, within the keywords of CHECKED."""
-    if "const" in schema and not _same(value, schema["const"]):
+    against `schema`, within the keywords of CHECKED. The one check of a tool call's
+    arguments: `parse_action` runs it on what a model wrote, the workspace before it acts.
+    Values compare as JSON Schema compares them (`const`, `enum`): 1 equals 1.0, true is not 1.
+    When no branch of an `anyOf` or `oneOf` fits, the reason is that of the branch whose
+    properties share the most keys with `value` (the first, on a tie)."""
+    # The constrain package loads numpy; the agent's modules load without it until here.
+    from ..constrain.json_schema import json_equal
+
+    if "const" in schema and not json_equal(value, schema["const"]):
         raise ValueError(f"{where} must be {json.dumps(schema['const'])}, got {json.dumps(value)}")
-    if "enum" in schema and not any(_same(value, v) for v in schema["enum"]):
+    if "enum" in schema and not any(json_equal(value, v) for v in schema["enum"]):
         raise ValueError(f"{where} must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)}")
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
@@ -161,17 +168,23 @@ def check_value(value, schema: dict, where: str = "value") -> None:
                 check_value(item, schema["additionalProperties"], f"{where}.{name}")
     for key in ("anyOf", "oneOf"):
         if key in schema:
-            matched = sum(_validates(value, sub, where) for sub in schema[key])
-            if matched == 0 or (key == "oneOf" and matched > 1):
+            reasons = [_why_not(value, sub, where) for sub in schema[key]]
+            matched = reasons.count(None)
+            if matched == 0:
+                keys = set(value) if isinstance(value, dict) else set()
+                shared = [len(keys & set(sub.get("properties", {}))) for sub in schema[key]]
+                raise ValueError(reasons[shared.index(max(shared))])
+            if key == "oneOf" and matched > 1:
                 raise ValueError(f"{where} matches {matched} of the {key} branches, got {json.dumps(value)}")
 
 
-def _validates(value, schema: dict, where: str) -> bool:
+def _why_not(value, schema: dict, where: str) -> str | None:
+    """Why `value` does not validate against `schema`, or None if it does."""
     try:
         check_value(value, schema, where)
-    except ValueError:
-        return False
-    return True
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _is(value, kind: str) -> bool:
@@ -180,12 +193,6 @@ def _is(value, kind: str) -> bool:
     if kind == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
     return isinstance(value, TYPES.get(kind, ()))
-
-
-def _same(a, b) -> bool:
-    """JSON equality: 1 == 1.0, but True is not 1."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or (
-        _is(a, "number") and _is(b, "number") and a == b)
 
 
 def action_text(action: Action) -> str:

@@ -1,6 +1,7 @@
-"""Engine — the agent's shared vocabulary: tools, actions, observations, receipts, limits and
-the events of a run log. Week 4's days build on these (`actions`, `loop`, `workspace`,
-`session`, `evaluate`, `fork`); nothing here decides anything.
+"""Engine — the agent's shared vocabulary: tools, actions, observations, receipts, limits, the
+events of a run log and the error a tool raises when it cannot do what it was asked. Week 4's
+days build on these (`actions`, `loop`, `workspace`, `session`, `evaluate`, `fork`); nothing
+here decides anything.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Action", "Event", "Limits", "Model", "Observation", "Proposal", "Receipt", "Tool", "Toolbox"]
+__all__ = ["Action", "Event", "Limits", "Model", "Observation", "Proposal", "Receipt", "Tool", "ToolError", "Toolbox"]
 
 
 @dataclass(frozen=True)
@@ -29,25 +30,50 @@ class Action:
     args: dict
 
 
+class ToolError(ValueError):
+    """A tool that cannot do what it was asked (no such file, an edit that does not apply…);
+    the message is the reason, on one line."""
+
+
 @dataclass(frozen=True)
 class Receipt:
     """What an effect did, for the record: the tool and arguments, the SHA-256 of each touched
-    file before and after (None: absent), and a command's exit status."""
+    file before and after (None: absent), and for a command that ran, how it ended: its exit
+    status, whether it was killed at its time limit (`timed_out`) and how many bytes of its
+    output were dropped beyond what is kept (`dropped_bytes`). Those three are None for an
+    effect that is not a command, and `timed_out` and `dropped_bytes` for a receipt read from
+    a log written before they were recorded (unknown)."""
 
     tool: str
     args: dict
     before: dict[str, str | None] = field(default_factory=dict)
     after: dict[str, str | None] = field(default_factory=dict)
     exit_status: int | None = None
+    timed_out: bool | None = None
+    dropped_bytes: int | None = None
+
+    def __post_init__(self):
+        status, dropped = self.exit_status, self.dropped_bytes
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            raise ValueError(f"exit_status: an integer or None, got {status!r}")
+        if self.timed_out is not None and not isinstance(self.timed_out, bool):
+            raise ValueError(f"timed_out: True, False or None, got {self.timed_out!r}")
+        if dropped is not None and (isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0):
+            raise ValueError(f"dropped_bytes: an integer >= 0 or None, got {dropped!r}")
 
     def to_json(self) -> dict:
+        """The receipt as a run log holds it. `timed_out` and `dropped_bytes` appear only when
+        known, so a receipt read from an older log writes back as it was (a compaction summary
+        made from it is the same text)."""
+        known = {k: v for k, v in (("timed_out", self.timed_out), ("dropped_bytes", self.dropped_bytes))
+                 if v is not None}
         return {"tool": self.tool, "args": self.args, "before": self.before, "after": self.after,
-                "exit_status": self.exit_status}
+                "exit_status": self.exit_status, **known}
 
     @classmethod
     def from_json(cls, data: dict) -> Receipt:
         return cls(data["tool"], data["args"], data.get("before", {}), data.get("after", {}),
-                   data.get("exit_status"))
+                   data.get("exit_status"), data.get("timed_out"), data.get("dropped_bytes"))
 
 
 @dataclass(frozen=True)

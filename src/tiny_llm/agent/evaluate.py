@@ -30,7 +30,10 @@ from typing import Any
 
 from .core import Action, Limits, Model
 from .loop import RunLog, run_agent
-from .workspace import MAX_FILE_BYTES, PolicyError, Workspace
+from .boundary import PolicyError
+from .files import MAX_FILE_BYTES
+from .outputs import decode
+from .workspace import Workspace, refusal
 
 __all__ = ["CHECK_KINDS", "Task", "check", "describe_check", "evaluate", "format_report", "load_tasks",
            "pass_at_k", "validate_check", "why_failed"]
@@ -229,7 +232,7 @@ def _check_constant(workspace: Workspace, spec: dict) -> str | None:
         value = ast.literal_eval(value_node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return f"is {ast.unparse(value_node)} at line {found.lineno}, not a literal"
-    if not _same(value, spec["value"]):
+    if not _json_equal(value, spec["value"]):
         return f"is {value!r}, expected {spec['value']!r}"
     return None
     # END SOLUTION
@@ -239,15 +242,18 @@ def _check_command(workspace: Workspace, spec: dict) -> str | None:
     """None when the command exits with the expected status (default 0); else the reason,
     with the last line of its output."""
     # BEGIN SOLUTION week4-day4
-    observation = workspace.perform(Action("run", {"command": spec["argv"]}))
-    if observation.receipt is None:  # refused before it started (e.g. not on PATH)
-        return f"did not run: {observation.text}"
-    status, expected = observation.receipt.exit_status, spec.get("exit_status", 0)
+    argv = spec["argv"]
+    try:
+        result = workspace.run_command(argv)
+    except (ValueError, OSError) as e:  # refused or failed before it started (e.g. not on PATH)
+        return f"did not run: {refusal(Action('run', {'command': argv}), e)}"
+    status, expected = result.exit_status, spec.get("exit_status", 0)
     if status == expected:
         return None
-    output, ending = _output(observation.text)
-    if ending.startswith("timed out"):
-        return f"{ending}, expected exit status {expected}: {output}"
+    output = _last_line(result.output)
+    if result.timed_out:
+        return (f"timed out after {workspace.command_seconds:g} s: killed, exit status {status}, "
+                f"expected exit status {expected}: {output}")
     return f"exit status {status}, expected {expected}: {output}"
     # END SOLUTION
 
@@ -510,14 +516,19 @@ def _simple(node: ast.Assign | ast.AnnAssign, name: str) -> bool:
     return node.value is not None and any(isinstance(t, ast.Name) and t.id == name for t in targets)
 
 
-def _same(value: Any, expected: Any) -> bool:
-    """Python `value` equals JSON `expected`: tuples count as lists, but True is not 1 and
-    1.0 is not 1 (a check says which type it wants)."""
-    if isinstance(value, tuple | list) and isinstance(expected, list):
-        return len(value) == len(expected) and all(_same(a, b) for a, b in zip(value, expected))
-    if isinstance(value, dict) and isinstance(expected, dict):
-        return value.keys() == expected.keys() and all(_same(value[k], expected[k]) for k in value)
-    return type(value) is type(expected) and value == expected
+def _json_equal(value: Any, expected: Any) -> bool:
+    """Python literal `value` equals JSON `expected`, as JSON Schema compares values: tuples
+    count as lists, 1 equals 1.0, but True is not 1 (`json_equal`). A set, bytes or a complex
+    number spell no JSON value and equal nothing."""
+    # The constrain package loads numpy; evaluation needs it only for a constant check.
+    from ..constrain.json_schema import json_equal
+
+    def as_json(v: Any) -> Any:
+        if isinstance(v, tuple | list):
+            return [as_json(x) for x in v]
+        return {k: as_json(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return json_equal(as_json(value), expected)
 
 
 def _quote(text: str) -> str:
@@ -525,14 +536,9 @@ def _quote(text: str) -> str:
     return repr(shown)
 
 
-def _output(text: str) -> tuple[str, str]:
-    """(the last line a command printed, or "(no output)"; the run tool's closing note, e.g.
-    "exit status 1" or "timed out after 30 s: killed, exit status -9") of a `run` observation."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    ending = ""
-    if lines and lines[-1].startswith("[") and lines[-1].endswith("]"):
-        ending = lines.pop()[1:-1]
-    if lines and lines[-1].startswith("[") and lines[-1].endswith("more bytes of output were dropped]"):
-        lines.pop()
+def _last_line(output: bytes) -> str:
+    """The last line a command printed that is not blank, stripped and cut to SHOWN
+    characters, or "(no output)"."""
+    lines = [line.strip() for line in decode(output).splitlines() if line.strip()]
     last = lines[-1] if lines else "(no output)"
-    return (last if len(last) <= SHOWN else last[:SHOWN] + "..."), ending
+    return last if len(last) <= SHOWN else last[:SHOWN] + "..."

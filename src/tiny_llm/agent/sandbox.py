@@ -1,9 +1,9 @@
 """Course: week 4 day 2 — the sandbox: what an allowed command does, bounded by the operating
 system instead of by argument checks.
 
-The workspace's path policy decides which programs `run` may start; once `python3` starts,
-it can open any file the user can, connect anywhere and fork without end. So every command
-runs inside a sandbox made from the same policy:
+The workspace's boundary (`boundary.py`) decides which programs `run` may start; once
+`python3` starts, it can open any file the user can, connect anywhere and fork without end.
+So every command runs inside a sandbox made from the same policy:
 
     sandbox = find_sandbox()                 # bubblewrap on Linux, Seatbelt on macOS, or why not
     argv = sandbox.wrap(["python3", "-m", "pytest"], executable, Policy(root, readable, home))

@@ -235,7 +235,9 @@ def _blob_dir(log_path: Path) -> Path:
 def undo_command(args: argparse.Namespace) -> int:
     from ..agent.loop import RunLog
     from ..agent.session import undo
-    from ..agent.workspace import PolicyError, ToolError, Workspace
+    from ..agent.boundary import PolicyError
+    from ..agent.core import ToolError
+    from ..agent.workspace import Workspace
 
     root = _folder(args.workspace, "--workspace")
     log_path = Path(args.log)
