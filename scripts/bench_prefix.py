@@ -349,7 +349,7 @@ def memory_engine(model, tokenizer, lengths: list[int], layers: int, args) -> di
             gen.insert(p, 2, params=greedy())
         start = time.perf_counter()
         gen.step()
-        mx.eval(gen._logits)  # the decode step it started
+        mx.eval(gen.batch.logits)  # the decode step it started
         seconds = time.perf_counter() - start
         if paged:
             pool = gen.pool
@@ -357,7 +357,7 @@ def memory_engine(model, tokenizer, lengths: list[int], layers: int, args) -> di
                         paged_bytes=scale * pool.pages_in_use * pool.page_nbytes,
                         pool_bytes=scale * pool.capacity * pool.page_nbytes, paged_seconds=seconds)
         else:
-            caches = gen._cache  # one BatchKVCache per layer
+            caches = gen.batch.cache  # one BatchKVCache per layer
             out |= dict(dense_bytes=scale * sum(c.nbytes for c in caches),
                         padded_bytes=scale * sum(c.offset * c.nbytes // c.keys.shape[2] for c in caches),
                         dense_slots=caches[0].keys.shape[2], dense_offset=caches[0].offset, dense_seconds=seconds)

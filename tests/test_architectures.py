@@ -81,14 +81,15 @@ def test_constrained_generation_follows_the_grammar(arch_dir):
     model, tokenizer = tiny_llm.load(str(path))
     pattern = r"[0-9]{3}-[a-z]{2,4}"
     params = SamplingParams(temperature=1.0, seed=3, grammar=Grammar.from_regex(pattern))
-    text = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), 16, params=params)
+    text = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), max_tokens=16, params=params)
     assert re.fullmatch(pattern, text), text
 
 
 def test_command_line_generates_the_greedy_text(arch_dir):
     _, path = arch_dir
     model, tokenizer = tiny_llm.load(str(path))
-    want = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), MAX_TOKENS, params=SamplingParams(temperature=0.0))
+    want = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), max_tokens=MAX_TOKENS,
+                             params=SamplingParams(temperature=0.0))
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(["generate", "--model", str(path), "--prompt", PROMPT, "--max-tokens", str(MAX_TOKENS),

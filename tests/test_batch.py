@@ -58,6 +58,16 @@ def test_bad_generator_settings_are_refused():
         BatchGenerator(model, tok, prefill_step_size=0)
 
 
+def test_the_scheduler_needs_a_running_batch_class():
+    """`Scheduler` drives a batch it does not define: without a `batch_type` it refuses to
+    start and names the class that has one."""
+    from tiny_llm.scheduler import Scheduler
+
+    model, _ = tiny_model("llama-tied")
+    with pytest.raises(TypeError, match="Scheduler names no batch_type: use tiny_llm.batch.BatchGenerator"):
+        Scheduler(model, vocab_tokenizer(model.args.vocab_size))
+
+
 def test_one_row_at_a_time_matches_each_prompt_alone():
     """max_batch_size=1: requests run one after another, each as if alone."""
     model, _ = tiny_model("qwen2-untied", seed=40)

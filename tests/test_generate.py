@@ -82,7 +82,8 @@ def test_prompt_progress_of_the_loop_without_a_cache_is_one_report():
         events.append(("token", response.token))
     assert events == [(5, 5), ("token", 6), ("token", 7)]
     seen = []
-    tiny_llm.generate(CountingModel(), word_tokenizer(), [1, 2, 3], 2, prompt_progress=lambda *a: seen.append(a))
+    tiny_llm.generate(CountingModel(), word_tokenizer(), [1, 2, 3], max_tokens=2,
+                      prompt_progress=lambda *a: seen.append(a))
     assert seen == [(3, 3)]
 
 
@@ -117,3 +118,47 @@ def test_a_bad_step_stops_generation_before_its_token(params, value, reason):
             got.append(response.token)
     assert got == [2, 3]
 
+
+
+# ---- generate(model, tokenizer, prompt, verbose=False, **kwargs), as mlx_lm.generate ---------------
+
+
+def test_generate_passes_every_keyword_to_stream_generate():
+    """Every keyword of `stream_generate` reaches it through `generate`, `step_times` too
+    (a list of `generate`'s own once left it out): the same text, and the times filled in."""
+    from tiny_llm.streaming import StepTimes
+
+    times, model = StepTimes(), CountingModel()
+    params = SamplingParams(temperature=0.0)
+    text = tiny_llm.generate(model, word_tokenizer(), [1, 2], max_tokens=3, params=params, step_times=times)
+    assert text == "c d e" == "".join(r.text for r in stream_generate(CountingModel(), word_tokenizer(), [1, 2], 3,
+                                                                       params=params))
+    assert times.steps == 3 and model.calls == [[1, 2], [1, 2, 3], [1, 2, 3, 4]]
+
+
+def test_generate_refuses_an_unknown_keyword_before_the_model_runs():
+    model = CountingModel()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_token'"):
+        tiny_llm.generate(model, word_tokenizer(), [1, 2], max_token=3)
+    assert model.calls == []
+
+
+def test_generate_takes_verbose_fourth_and_refuses_a_max_tokens_there():
+    """The fourth argument is `verbose`, as in mlx-lm: a count there is a mistake, named."""
+    model = CountingModel()
+    with pytest.raises(ValueError, match=r"verbose must be True or False, got 8 \(max_tokens and the other options "
+                                         r"are keywords"):
+        tiny_llm.generate(model, word_tokenizer(), [1, 2], 8)
+    assert model.calls == []
+
+
+def test_verbose_generate_prints_the_text_then_the_statistics(capsys):
+    text = tiny_llm.generate(CountingModel(), word_tokenizer(), [1, 2], True, max_tokens=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert text == "c d e"
+    assert lines[:3] == ["=" * 10, "c d e", "=" * 10]
+    assert re.fullmatch(r"Prompt: 2 tokens, [\d.]+ tokens-per-sec", lines[3])
+    assert re.fullmatch(r"Generation: 3 tokens, [\d.]+ tokens-per-sec", lines[4])
+    assert re.fullmatch(r"Peak memory: [\d.]+ GB", lines[5]) and len(lines) == 6
+    assert tiny_llm.generate(CountingModel(), word_tokenizer(), [7], verbose=True, max_tokens=3) == ""
+    assert capsys.readouterr().out.splitlines() == ["=" * 10, "", "=" * 10, "No text generated for this prompt"]

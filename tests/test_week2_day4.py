@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from conftest import TINY_CONFIGS, cache_slots, filled_batch_cache, generate_alone, tiny_model, vocab_tokenizer
 
-from tiny_llm.batch import BatchGenerator, batch_generate, left_pad
+from tiny_llm.batch import BatchGenerator, RunningBatch, batch_generate, left_pad
 from tiny_llm.model import prefill
 from tiny_llm.kv_cache import BatchKVCache
-from tiny_llm.sampler import SamplingParams
+from tiny_llm.sampler import Sampler, SamplingParams
+from tiny_llm.scheduler import BatchRequest
+from tiny_llm.tokenizer import StreamingDetokenizer
 
 NINF = -np.inf
 
@@ -89,6 +91,47 @@ def test_filter_keeps_rows_in_order_and_drops_shared_padding():
 def test_filter_needs_a_row():
     with pytest.raises(ValueError, match="at least one row"):
         filled_batch_cache([0], 2, 0).filter([])
+
+
+# ---- the running batch ----------------------------------------------------------------------
+
+
+def batch_requests(tok, prompts) -> list[BatchRequest]:
+    """Request i of `prompts[i]`, drawing with seed i."""
+    return [BatchRequest(i, list(p), 8, Sampler([SamplingParams(temperature=0.9, seed=i)]), StreamingDetokenizer(tok),
+                         history=list(p)) for i, p in enumerate(prompts)]
+
+
+def test_a_prefilled_batch_has_one_row_per_request_and_equal_prompts_share_a_prefill():
+    """Requests 0 and 2 have one prompt: three rows from two prefilled prompts, each row's
+    logits those of its prompt alone, its sampler row its own."""
+    model, _ = tiny_model("qwen2-untied", seed=31)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[0]]
+    batch = RunningBatch.prefilled(model, batch_requests(tok, prompts), step_size=4)
+    assert [r.uid for r in batch.requests] == [0, 1, 2] and [p.seed for p in batch.sampler.params] == [0, 1, 2]
+    assert batch.cache[0].left_padding == [0, 3, 0] and batch.logits.shape[0] == 3
+    for b, prompt in enumerate(prompts):
+        close(batch.logits[b : b + 1], prefill(model, mx.array([prompt]), model.make_cache()), atol=1e-4)
+    np.testing.assert_array_equal(np.array(batch.logits[0]), np.array(batch.logits[2]))
+
+
+def test_filter_keeps_requests_cache_sampler_and_logits_in_step_and_advance_feeds_them():
+    """`filter([2, 0])` keeps rows 2 and 0 in that order everywhere; `advance` then gives each
+    kept row the next-token logits its prompt gets alone."""
+    model, _ = tiny_model("llama-untied", seed=32)
+    tok = vocab_tokenizer(model.args.vocab_size)
+    batch = RunningBatch.prefilled(model, batch_requests(tok, PROMPTS[:3]), step_size=4)
+    before = np.array(batch.logits)
+    batch.filter([2, 0])
+    assert [r.uid for r in batch.requests] == [2, 0] and [p.seed for p in batch.sampler.params] == [2, 0]
+    np.testing.assert_array_equal(np.array(batch.logits), before[[2, 0]])
+    assert batch.cache[0].left_padding == [3, 0] and batch.cache[0].offset == 7
+    batch.advance(model, mx.array([11, 12]))
+    for row, (prompt, token) in enumerate([(PROMPTS[2], 11), (PROMPTS[0], 12)]):
+        own = model.make_cache()
+        prefill(model, mx.array([prompt]), own)
+        close(batch.logits[row : row + 1], model(mx.array([[token]]), cache=own)[:, -1, :], atol=1e-4)
 
 
 # ---- batch_generate -------------------------------------------------------------------------

@@ -1,12 +1,17 @@
 """Week 2, day 5: continuous batching — rows leave (filter) and join (extend) the running
 batch between decode steps, and every request still gets the tokens it would get alone."""
 
+import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import cache_slots, filled_batch_cache, generate_alone, tiny_model, vocab_tokenizer
 
-from tiny_llm.batch import BatchGenerator, batch_generate
+from tiny_llm.batch import BatchGenerator, RunningBatch, batch_generate
 from tiny_llm.kv_cache import BatchKVCache
-from tiny_llm.sampler import SamplingParams
+from tiny_llm.model import prefill
+from tiny_llm.sampler import Sampler, SamplingParams
+from tiny_llm.scheduler import BatchRequest
+from tiny_llm.tokenizer import StreamingDetokenizer
 
 
 # ---- the cache: rows leave and join -----------------------------------------------------------
@@ -30,6 +35,33 @@ def test_extend_into_an_empty_cache_takes_the_rows():
     empty, b = BatchKVCache([0]), filled_batch_cache([1, 0], 3, base=0)
     empty.extend(b)
     assert empty.offset == 3 and empty.left_padding == [1, 0] and cache_slots(empty, 1) == [10, 11, 12]
+
+
+def test_rows_that_join_keep_their_logits_and_follow_the_running_rows():
+    """A prefilled 1-row batch joins a running 2-row batch that has decoded a token: the
+    requests, sampler rows and logits follow the running ones, and one more step gives every
+    row the logits its prompt gets alone."""
+    model, _ = tiny_model("qwen2-tied", seed=33)
+    tok = vocab_tokenizer(model.args.vocab_size)
+
+    def requests(first: int, prompts):
+        return [BatchRequest(first + i, list(p), 8, Sampler([SamplingParams(temperature=0.9, seed=first + i)]),
+                             StreamingDetokenizer(tok), history=list(p)) for i, p in enumerate(prompts)]
+
+    running = RunningBatch.prefilled(model, requests(0, [PROMPTS[0], PROMPTS[1]]), step_size=4)
+    running.advance(model, mx.array([20, 21]))
+    joining = RunningBatch.prefilled(model, requests(2, [PROMPTS[2]]), step_size=4)
+    expected = np.concatenate([np.array(running.logits), np.array(joining.logits)])
+    running.extend(joining)
+    assert [r.uid for r in running.requests] == [0, 1, 2] and [p.seed for p in running.sampler.params] == [0, 1, 2]
+    np.testing.assert_allclose(np.array(running.logits), expected)
+    running.advance(model, mx.array([22, 23, 24]))
+    for row, (prompt, fed) in enumerate([(PROMPTS[0], [20, 22]), (PROMPTS[1], [21, 23]), (PROMPTS[2], [24])]):
+        own = model.make_cache()
+        prefill(model, mx.array([prompt]), own)
+        for token in fed:
+            want = model(mx.array([[token]]), cache=own)[:, -1, :]
+        np.testing.assert_allclose(np.array(running.logits[row : row + 1]), np.array(want), atol=1e-4, rtol=1e-4)
 
 
 # ---- the generator ------------------------------------------------------------------------------

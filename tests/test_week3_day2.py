@@ -200,7 +200,7 @@ def test_equal_prompts_share_their_pages():
     out = {u: [] for u in uids}
     for r in gen.step():
         out[r.uid].append(r.token)
-    mx.eval(gen._logits)
+    mx.eval(gen.batch.logits)
     assert gen.pool.pages_in_use == 7
     while gen.has_work():
         for r in gen.step():

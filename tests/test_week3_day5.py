@@ -461,7 +461,7 @@ def test_two_ranks_serve_http_from_rank_zero(models):
         reply = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12,
                                                                "temperature": 0}, timeout=TIMEOUT).json()
         model, tokenizer = tiny_llm.load(str(models["qwen2"]))
-        want = tiny_llm.generate(model, tokenizer, tokenizer.apply_chat_template(messages), 12,
+        want = tiny_llm.generate(model, tokenizer, tokenizer.apply_chat_template(messages), max_tokens=12,
                                  params=tiny_llm.SamplingParams(temperature=0.0))
         assert reply["choices"][0]["message"]["content"] == want
         sampled = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "n": 2,

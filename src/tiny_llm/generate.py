@@ -235,25 +235,30 @@ def generate(
     model: CachedModel | LogitsFunction,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int] | mx.array,
-    max_tokens: int = MAX_TOKENS,
-    *,
-    sampler: SamplerFunction | None = None,
-    logits_processors: Sequence[LogitsProcessor] | None = None,
-    params: SamplingParams | Sampler | None = None,
-    prompt_cache: list[Cache] | None = None,
-    prefill_step_size: int = PREFILL_STEP_SIZE,
-    kv_cache: bool | None = None,
-    draft_model: CachedModel | None = None,
-    prompt_lookup: bool = False,
-    num_draft_tokens: int = NUM_DRAFT_TOKENS,
-    speculative_stats: "SpeculativeStats | None" = None,
-    prefix_cache: "PrefixCache | None" = None,
-    prompt_progress: Progress | None = None,
+    verbose: bool = False,
+    **kwargs,
 ) -> str:
-    """The whole text `stream_generate` produces with these arguments."""
-    return "".join(r.text for r in stream_generate(
-        model, tokenizer, prompt, max_tokens, sampler=sampler, logits_processors=logits_processors,
-        params=params, prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, kv_cache=kv_cache,
-        draft_model=draft_model, prompt_lookup=prompt_lookup, num_draft_tokens=num_draft_tokens,
-        speculative_stats=speculative_stats, prefix_cache=prefix_cache, prompt_progress=prompt_progress,
-    ))
+    """The whole text `stream_generate(model, tokenizer, prompt, **kwargs)` produces, as in
+    `mlx_lm.generate`: every other argument (`max_tokens`, `params`, `sampler`, ...) is
+    `stream_generate`'s, and one it does not take is a `TypeError` naming it before anything
+    runs. `verbose=True` prints the text as it comes, then the statistics."""
+    if not isinstance(verbose, bool):
+        raise ValueError(f"verbose must be True or False, got {verbose!r} (max_tokens and the other options "
+                         "are keywords: generate(model, tokenizer, prompt, max_tokens=...))")
+    responses = stream_generate(model, tokenizer, prompt, **kwargs)  # an unknown keyword raises here
+    if not verbose:
+        return "".join(r.text for r in responses)
+    print("=" * 10)
+    text, last = "", None
+    for last in responses:
+        print(last.text, end="", flush=True)
+        text += last.text
+    print()
+    print("=" * 10)
+    if not text:
+        print("No text generated for this prompt")
+        return text
+    print(f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec")
+    print(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec")
+    print(f"Peak memory: {last.peak_memory:.3f} GB")
+    return text
