@@ -312,6 +312,50 @@ def test_token_ids_outside_the_vocabulary_are_user_errors(tmp_path, capsys):
                       "request 1: logit_bias names token 999999, outside the vocabulary [0, 49152)")
 
 
+def the_servers_words(field: str, value) -> str:
+    """The message of the server's 400 for a completion request with `field: value`."""
+    from conftest import vocab_tokenizer
+
+    from tiny_llm.serve.protocol import Context, RequestError, parse
+
+    with pytest.raises(RequestError) as e:
+        parse({"prompt": "w1", field: value}, "completion", Context(vocab_tokenizer(64), ("m",), None, 64))
+    assert e.value.param == field
+    return e.value.message
+
+
+def test_a_number_float32_cannot_hold_is_refused_as_the_server_refuses_it(tmp_path, capsys):
+    """The float32 range is SamplingParams' own: a temperature of 1e-50, which the command
+    line and batch files took (to fail at the first token), is refused with the server's
+    words, the field named the caller's way."""
+    words = the_servers_words("temperature", 1e-50)
+    assert words.startswith("temperature must be a float32 (the sampler's numbers): 0, or between ")
+    status = run_main(["generate", "--prompt", "hi", "--temp", "1e-50", *NO_MODEL])
+    captured = capsys.readouterr()
+    line = assert_user_error(status, captured.out, captured.err)
+    assert line == "tiny-llm: error: --temp" + words.removeprefix("temperature")
+    path = prompts_file(tmp_path, 'Hello\n{"prompt": "Count.", "temperature": 1e-50}\n')
+    status = run_main(["batch", "--prompts", path, *NO_MODEL])
+    captured = capsys.readouterr()
+    line = assert_user_error(status, captured.out, captured.err)
+    assert line == f"tiny-llm: error: {path}:2: {words}"
+
+
+def test_each_sampling_flags_help_shows_its_range():
+    """--help states each sampling flag's range, read from SamplingParams' BOUNDS."""
+    from tiny_llm.cli import build_parser
+    from tiny_llm.cli.options import SAMPLING_FLAGS
+    from tiny_llm.sampler.params import BOUNDS
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    helps = {a.dest: a.help for a in generate._actions}
+    ranged = [field for _, field, _, _ in SAMPLING_FLAGS if field in BOUNDS]
+    assert len(ranged) == len(SAMPLING_FLAGS) - 2  # mirostat (0, 1 or 2) and draw (a name) have none
+    for field in ranged:
+        assert helps[field].endswith(f"; in {BOUNDS[field].interval()})"), (field, helps[field])
+    assert helps["top_p"].endswith("(default 1.0; in [0.0, 1.0])")
+
+
 @pytest.mark.parametrize("argv, stdin, fragments", [
     ([b"generate", b"--prompt", b"caf\xe9 au lait"], b"", ["--prompt is not valid UTF-8 text (character 4)"]),
     ([b"generate"], b"caf\xe9", ["standard input is not valid UTF-8 text"]),
@@ -349,7 +393,7 @@ def test_batch_answers_every_request_like_generate(tmp_path, greedy_run):
     model, tokenizer = tiny_llm.load("default")
     assert blocks["0"].strip() and greedy_run[1].startswith(blocks["0"])
     text = tokenizer.apply_chat_template([{"role": "user", "content": "Count to three."}])
-    assert blocks["2"] == tiny_llm.generate(model, tokenizer, text, 8)
+    assert blocks["2"] == tiny_llm.generate(model, tokenizer, text, max_tokens=8)
     seeded = run_captured(["generate", "--prompt", "Name a colour.", "--max-tokens", "5", "--temp", "0.8", "--seed", "3"])
     assert seeded[0] == 0, seeded[2]
     assert blocks["1"] == seeded[1].rstrip("\n") and blocks["1"].strip()

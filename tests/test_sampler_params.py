@@ -1,16 +1,19 @@
 """`SamplingParams`: validation of every field, round-tripping of good values, the order
 presets and the stage-name aliases.
 
-Every bad value must raise a `ValueError` whose message names the field and repeats the
-value received, before any sampling happens.
+Every bad value must raise a `ValueError` (a `ParamError` carrying the field) whose message
+names the field and repeats the value received, before any sampling happens. The ranges are
+the data of `BOUNDS`, and every float field holds a float32.
 """
 
 import math
 import re
+from dataclasses import fields
 
 import pytest
 
 from tiny_llm.sampler import SamplingParams
+from tiny_llm.sampler.params import BOUNDS, FLOAT32_MAX, FLOAT32_TINY, Bound, ParamError
 
 FLOAT_FIELDS = [
     "temperature", "top_p", "min_p", "typical_p", "top_n_sigma", "xtc_probability",
@@ -80,9 +83,92 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize("name,value", BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
 def test_out_of_range_values_rejected(name, value):
-    """Each out-of-range (or wrongly typed) value raises ValueError naming the field and value."""
-    with raises_naming(name, repr(value)):
+    """Each out-of-range (or wrongly typed) value raises ValueError naming the field and value;
+    the field travels as data too, and the message starts with it."""
+    with raises_naming(name, repr(value)) as e:
         SamplingParams(**{name: value})
+    assert isinstance(e.value, ParamError) and e.value.field == name and str(e.value).startswith(name)
+    assert e.value.named("--flag") == "--flag" + str(e.value)[len(name):]
+
+
+def test_every_number_field_has_its_range_in_bounds():
+    """BOUNDS states the range of every number field (mirostat is a choice of 0, 1 or 2), and
+    its kind agrees with the field's type."""
+    numbers = {f.name: f.type for f in fields(SamplingParams) if f.type in (int, float, int | None)}
+    assert set(BOUNDS) == set(numbers) - {"mirostat"}
+    assert all(BOUNDS[name].integer == (numbers[name] is not float) for name in BOUNDS)
+
+
+def _edges(bound: Bound):
+    """(value, accepted) pairs at each end of `bound`: the end itself, the next number beyond
+    it, and for an excluded minimum the least number above it (a float32 for a float)."""
+    beyond = (lambda x, d: x + d) if bound.integer else (lambda x, d: math.nextafter(x, d * math.inf))
+    if bound.minimum is not None:
+        yield bound.minimum, not bound.above
+        yield beyond(bound.minimum, -1), False
+        if bound.above:
+            yield max(beyond(bound.minimum, 1), 0 if bound.integer else FLOAT32_TINY), True
+    if bound.maximum is not None:
+        yield bound.maximum, True
+        yield beyond(bound.maximum, 1), False
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDS))
+def test_the_checks_are_the_bounds(name):
+    """Each field accepts exactly its BOUNDS range: at every end, the end (unless excluded)
+    and the next number inside pass, the next number outside is a ParamError naming it."""
+    bound = BOUNDS[name]
+    extra = {"eos_token_ids": (0,)} if name == "min_tokens" else {}
+    cases = list(_edges(bound))
+    for value, accepted in cases:
+        if accepted:
+            assert getattr(SamplingParams(**{name: value}, **extra), name) == value
+        else:
+            with pytest.raises(ParamError, match=rf"^{name} must be in {re.escape(bound.interval())}, got ") as e:
+                SamplingParams(**{name: value}, **extra)
+            assert e.value.field == name
+    assert len(cases) >= 2 or bound == Bound()
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_float_fields_hold_float32s(name):
+    """A value inside a float field's range that float32 cannot hold (beyond its largest value,
+    or nonzero below its smallest positive one) is refused by SamplingParams itself, as every
+    caller (library, command line, batch file, server) then refuses it: it used to fail only
+    at draw time, with a row error."""
+    value = 1e39 if BOUNDS[name].maximum is None else 1e-50
+    message = (f"{name} must be a float32 (the sampler's numbers): 0, or between 1.401298464324817e-45 and "
+               f"3.4028234663852886e+38 in magnitude, got {value!r}")
+    with pytest.raises(ParamError, match=f"^{re.escape(message)}$") as e:
+        SamplingParams(**{name: value})
+    assert e.value.field == name
+
+
+def test_temperature_1e_minus_50_is_refused():
+    with pytest.raises(ValueError, match=r"^temperature must be a float32"):
+        SamplingParams(temperature=1e-50)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=FLOAT32_TINY), dict(temperature=FLOAT32_MAX), dict(top_n_sigma=-FLOAT32_MAX),
+    dict(frequency_penalty=-FLOAT32_TINY), dict(presence_penalty=0), dict(repetition_penalty=FLOAT32_TINY),
+], ids=lambda kw: ",".join(f"{k}={v!r}" for k, v in kw.items()))
+def test_float32s_at_the_edges_are_accepted(kwargs):
+    params = SamplingParams(**kwargs)
+    assert {k: getattr(params, k) for k in kwargs} == kwargs
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(temperature=10**400), "temperature"),  # an integer beyond any float: refused, not an OverflowError
+    (dict(presence_penalty=-(10**400)), "presence_penalty"),
+    (dict(top_n_sigma=math.inf), "top_n_sigma"),
+    (dict(frequency_penalty=-math.inf), "frequency_penalty"),
+    (dict(min_p=math.nextafter(FLOAT32_TINY, 0)), "min_p"),
+], ids=["huge-int", "huge-negative-int", "inf", "minus-inf", "below-the-smallest-positive"])
+def test_numbers_beyond_float32_are_refused(kwargs, name):
+    with pytest.raises(ParamError, match=rf"^{name} must be a float32") as e:
+        SamplingParams(**kwargs)
+    assert e.value.field == name
 
 
 def test_logit_bias_negative_token_id_rejected():

@@ -36,11 +36,12 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                status_code_conformance)
 from serve_support import running_server
 
+from tiny_llm.sampler.params import MAX_TOP_K
 from tiny_llm.serve import anthropic
 from tiny_llm.serve.app import create_app
 from tiny_llm.serve.openapi import describe
-from tiny_llm.serve.protocol import (CHAT, COMPLETION, EXTENSIONS, IGNORED, MAX_CHOICES, MAX_TOP_K, MAX_TOP_LOGPROBS,
-                                     Context, RequestError, parse)
+from tiny_llm.serve.protocol import (CHAT, COMPLETION, EXTENSIONS, IGNORED, MAX_CHOICES, MAX_TOP_LOGPROBS, Context,
+                                     RequestError, parse)
 
 pytestmark = pytest.mark.xdist_group("serve-fuzz")
 

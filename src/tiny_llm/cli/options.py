@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..defaults import (CPU_PREFILL_STEP_SIZE, MAX_BATCH_SIZE, MAX_TOKENS, PAGE_SIZE, PREFILL_STEP_SIZE,
                         PREFIX_CACHE_BYTES, TEMPERATURE, BatchSettings)
-from ..request import FieldError, Request, build_request, respelled
+from ..request import FieldError, Request, build_request
 from .common import UserError, prefill_step
 
 
@@ -77,9 +77,9 @@ def batch_settings(args: argparse.Namespace) -> BatchSettings:
 
 
 # (flag, SamplingParams field, type, help). Defaults come from SamplingParams, except the
-# temperature, which is 0 (greedy) as in mlx_lm.generate.
+# temperature, which is 0 (greedy) as in mlx_lm.generate; ranges from its BOUNDS.
 SAMPLING_FLAGS = [
-    (("--temp", "--temperature"), "temperature", float, "temperature; 0 is greedy (default 0)"),
+    (("--temp", "--temperature"), "temperature", float, "temperature; 0 is greedy"),
     (("--top-k",), "top_k", int, "keep the k most likely tokens (0: off)"),
     (("--top-p",), "top_p", float, "nucleus: keep the most likely tokens up to this mass (1: off)"),
     (("--min-p",), "min_p", float, "keep tokens with p >= min_p * p_max (0: off)"),
@@ -120,14 +120,16 @@ def flag_of(field: str) -> str:
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     from ..sampler import SamplingParams
+    from ..sampler.params import BOUNDS
 
     defaults = SamplingParams()
     parser.add_argument("--max-tokens", "-m", type=int, default=MAX_TOKENS,
                         help=f"most tokens to generate (default {MAX_TOKENS}; -1: no limit)")
     for flags, field, kind, text in SAMPLING_FLAGS:
         default = TEMPERATURE if field == "temperature" else getattr(defaults, field)
+        within = f"; in {BOUNDS[field].interval()}" if field in BOUNDS else ""
         parser.add_argument(*flags, dest=field, type=kind, default=default,
-                            help=f"{text} (default {default})")
+                            help=f"{text} (default {default}{within})")
     parser.add_argument("--dry-sequence-breaker", dest="dry_sequence_breakers", action="append",
                         default=None, metavar="TEXT",
                         help="a string DRY repeats may not cross (repeatable; 'none' for no breakers; "
@@ -204,11 +206,10 @@ def request(args: argparse.Namespace, tokenizer=None, vocab_size: int | None = N
 
 
 def sampler(args: argparse.Namespace, params, tokenizer):
-    """The sampling engine for `params`; what it refuses (e.g. DRY breakers the tokenizer
-    cannot encode) is a UserError naming the flag."""
+    """The sampling engine for `params` (checked by `request`); what it refuses is a UserError."""
     from ..sampler import Sampler
 
     try:
         return Sampler(params, tokenizer)
     except ValueError as e:
-        raise UserError(str(respelled(e, flag_of))) from None
+        raise UserError(str(e)) from None

@@ -1,17 +1,21 @@
-"""Engine — sampling parameters: one frozen, validated object per request (or per batch row)."""
+"""Engine — sampling parameters: one frozen, validated object per request (or per batch row).
+
+The range of each number field is data (`BOUNDS`, field to `Bound`): `SamplingParams` checks
+it, the command line's --help and the server's OpenAPI description show it. Every value it
+refuses is a `ParamError` that carries its field, which each caller names in its own words.
+"""
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 from ..constrain.grammar import Grammar
-from .checks import check_float, check_int
 from .draw import DRAWS
 
 # Whether a stage is on for one row's parameters (off: it leaves the row's logits as they
 # are), stage by stage in llama.cpp's order. The one place these rules are written:
 # `enabled_stages`, the engine's chain and the fast path's window all ask here.
-MAX_TOP_K = 2**31 - 1  # the sampler holds top_k as an int32; beyond it MLX fails the whole batch
 STAGE_ON: dict[str, Callable[["SamplingParams"], bool]] = {
     "penalties": lambda p: p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0,
     "dry": lambda p: p.dry_multiplier > 0,
@@ -54,10 +58,135 @@ PRESETS: dict[str, tuple[str, ...]] = {
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
 
-def _check_list(name: str, value, what: str) -> None:
-    """`value` must be a list or tuple (of `what`), not a string, a number or None."""
+class ParamError(ValueError):
+    """A value `SamplingParams` refuses. `field` is the field at fault and the message starts
+    with its name, so that a caller names the field its own way (`named`) without reading
+    the message back."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+    def named(self, name: str) -> str:
+        """The message with the field called `name` (the flag `--top-p`, say, for `top_p`)."""
+        return name + str(self)[len(self.field):]
+
+
+# The sampler computes in float32: a parameter beyond its range (or nonzero and below its
+# smallest positive number, so that it rounds to zero) turns the logits into infinities, so
+# such a value is refused, with its name.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45  # float32's smallest positive (subnormal) number
+MAX_TOP_K = 2**31 - 1  # the sampler holds top_k as an int32; beyond it MLX fails the whole batch
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a number field of `SamplingParams` takes: an integer (`integer`), or else a
+    float32 (0, or between FLOAT32_TINY and FLOAT32_MAX in magnitude); at least `minimum`
+    (above it, if `above`) and at most `maximum`, where given."""
+
+    integer: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False  # the minimum itself is outside
+
+    def __post_init__(self):
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"Bound's minimum must be at most its maximum, got minimum={self.minimum!r} and "
+                             f"maximum={self.maximum!r}")
+
+    def interval(self) -> str:
+        """The range in interval notation: `[0.0, 1.0]`, `(1.0, inf)`."""
+        low = "(-inf" if self.minimum is None else ("(" if self.above else "[") + f"{self.minimum}"
+        high = "inf)" if self.maximum is None else f"{self.maximum}]"
+        return f"{low}, {high}"
+
+    def check(self, field: str, value, name: str | None = None) -> None:
+        """Raise `ParamError` for `field` unless `value` is in range; the message calls the
+        value `name` (default `field`, e.g. "logit_bias token")."""
+        name = name or field
+        kind = numbers.Integral if self.integer else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind) or value != value:  # NaN is no number
+            raise ParamError(field, f"{name} must be {'an integer' if self.integer else 'a number'}, got {value!r}")
+        low = self.minimum is not None and (value <= self.minimum if self.above else value < self.minimum)
+        if low or (self.maximum is not None and value > self.maximum):
+            raise ParamError(field, f"{name} must be in {self.interval()}, got {value!r}"[:300])
+        if not self.integer and value != 0 and not FLOAT32_TINY <= _magnitude(value) <= FLOAT32_MAX:
+            raise ParamError(field, f"{name} must be a float32 (the sampler's numbers): 0, or between "
+                                    f"{FLOAT32_TINY!r} and {FLOAT32_MAX!r} in magnitude, got {value!r}"[:300])
+
+
+def _magnitude(value: numbers.Real) -> float:
+    try:
+        return abs(float(value))
+    except OverflowError:  # an integer beyond any float
+        return math.inf
+
+
+PROBABILITY = Bound(minimum=0.0, maximum=1.0)
+TOKEN_ID = Bound(integer=True, minimum=0)
+# The range of every number field of `SamplingParams`, written once: its checks, the command
+# line's --help and the server's OpenAPI description read them here. (`mirostat` takes one of
+# 0, 1 and 2: a choice, not a range.)
+BOUNDS: dict[str, Bound] = {
+    "temperature": Bound(minimum=0.0),
+    "top_k": Bound(integer=True, minimum=0, maximum=MAX_TOP_K),
+    "top_p": PROBABILITY,
+    "min_p": PROBABILITY,
+    "typical_p": PROBABILITY,
+    "top_n_sigma": Bound(),
+    "xtc_probability": PROBABILITY,
+    "xtc_threshold": PROBABILITY,
+    "dynatemp_range": Bound(minimum=0.0),
+    "dynatemp_exponent": Bound(minimum=0.0),
+    "repetition_penalty": Bound(minimum=0.0, above=True),
+    "frequency_penalty": Bound(),
+    "presence_penalty": Bound(),
+    "penalty_last_n": Bound(integer=True, minimum=-1),
+    "dry_multiplier": Bound(minimum=0.0),
+    "dry_base": Bound(minimum=1.0, above=True),
+    "dry_allowed_length": Bound(integer=True, minimum=1),
+    "dry_penalty_last_n": Bound(integer=True, minimum=-1),
+    "mirostat_tau": Bound(minimum=0.0, above=True),
+    "mirostat_eta": Bound(minimum=0.0, above=True),
+    "min_tokens": Bound(integer=True, minimum=0),
+    "seed": Bound(integer=True, minimum=0, maximum=2**32 - 1),
+    "logprobs": Bound(integer=True, minimum=0),
+}
+
+
+def _check_list(field: str, value, what: str, name: str | None = None) -> None:
+    """`value` must be a list or tuple (of `what`), not a string, a number or None; the
+    message calls it `name` (default `field`)."""
     if not isinstance(value, list | tuple):
-        raise ValueError(f"{name} must be a list of {what}, got {value!r}")
+        raise ParamError(field, f"{name or field} must be a list of {what}, got {value!r}")
+
+
+def _bias(token: int, value) -> float:
+    """A `logit_bias` value as a float: a number, or -inf to ban the token."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if math.isnan(number) or number == math.inf:
+        raise ParamError("logit_bias", f"logit_bias value for token {token} must be a number or -inf, got {value!r}")
+    return number
+
+
+def _breaker(breaker) -> str | tuple[int, ...]:
+    """A `dry_sequence_breakers` entry: a non-empty string, or a non-empty sequence of token ids."""
+    field = "dry_sequence_breakers"
+    if isinstance(breaker, str):
+        if not breaker:
+            raise ParamError(field, "dry_sequence_breakers must not contain an empty string")
+        return breaker
+    _check_list(field, breaker, "token ids", "dry_sequence_breakers entry")
+    if not breaker:
+        raise ParamError(field, "dry_sequence_breakers must not contain an empty sequence")
+    for t in breaker:
+        TOKEN_ID.check(field, t, "dry_sequence_breakers token")
+    return tuple(int(t) for t in breaker)
 
 
 def resolve_order(order: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -72,20 +201,20 @@ def resolve_order(order: str | Sequence[str] | None) -> tuple[str, ...]:
     elif isinstance(order, Sequence):
         names = list(order)
     else:
-        raise ValueError(f"order must be a preset name, stage names separated by ';', or a list of stage "
-                         f"names, got {order!r}")
+        raise ParamError("order", f"order must be a preset name, stage names separated by ';', or a list of "
+                                  f"stage names, got {order!r}")
     stages = []
     for name in names:
         if not isinstance(name, str):
-            raise ValueError(f"order entries must be stage names, got {name!r}")
+            raise ParamError("order", f"order entries must be stage names, got {name!r}")
         stage = ALIASES.get(name.strip(), name.strip())
         if stage not in STAGES:
-            raise ValueError(
-                f"order has unknown stage {name!r}: use presets {', '.join(PRESETS)} "
+            raise ParamError(
+                "order", f"order has unknown stage {name!r}: use presets {', '.join(PRESETS)} "
                 f"or stage names {', '.join(STAGES)}"
             )
         if stage in stages:
-            raise ValueError(f"order names stage {stage!r} twice")
+            raise ParamError("order", f"order names stage {stage!r} twice")
         stages.append(stage)
     return tuple(stages)
 
@@ -147,95 +276,56 @@ class SamplingParams:
     draw: str = "inverse_cdf"
 
     def __post_init__(self):
-        f = check_float
-        f("temperature", self.temperature, minimum=0.0, maximum=math.inf, max_open=True)
-        check_int("top_k", self.top_k, minimum=0, maximum=MAX_TOP_K)
-        f("top_p", self.top_p, minimum=0.0, maximum=1.0)
-        f("min_p", self.min_p, minimum=0.0, maximum=1.0)
-        f("typical_p", self.typical_p, minimum=0.0, maximum=1.0)
-        f("top_n_sigma", self.top_n_sigma)
-        f("xtc_probability", self.xtc_probability, minimum=0.0, maximum=1.0)
-        f("xtc_threshold", self.xtc_threshold, minimum=0.0, maximum=1.0)
-        f("dynatemp_range", self.dynatemp_range, minimum=0.0)
-        f("dynatemp_exponent", self.dynatemp_exponent, minimum=0.0)
-        f("repetition_penalty", self.repetition_penalty, minimum=0.0, min_open=True)
-        f("frequency_penalty", self.frequency_penalty)
-        f("presence_penalty", self.presence_penalty)
-        check_int("penalty_last_n", self.penalty_last_n, minimum=-1)
-        f("dry_multiplier", self.dry_multiplier, minimum=0.0)
-        f("dry_base", self.dry_base, minimum=1.0, min_open=True)
-        check_int("dry_allowed_length", self.dry_allowed_length, minimum=1)
-        check_int("dry_penalty_last_n", self.dry_penalty_last_n, minimum=-1)
-        if isinstance(self.dry_sequence_breakers, str | bytes):  # would split into characters
-            raise ValueError(f"dry_sequence_breakers must be a list of strings or token-id sequences, "
-                             f"got the string {self.dry_sequence_breakers!r} (write [{self.dry_sequence_breakers!r}])")
-        _check_list("dry_sequence_breakers", self.dry_sequence_breakers, "strings or token-id sequences")
-        breakers = []
-        for b in self.dry_sequence_breakers:
-            if isinstance(b, str):
-                if not b:
-                    raise ValueError("dry_sequence_breakers must not contain an empty string")
-                breakers.append(b)
-            else:
-                _check_list("dry_sequence_breakers entry", b, "token ids")
-                ids = tuple(b)
-                if not ids:
-                    raise ValueError("dry_sequence_breakers must not contain an empty sequence")
-                for t in ids:
-                    check_int("dry_sequence_breakers token", t, minimum=0)
-                breakers.append(tuple(int(t) for t in ids))
-        object.__setattr__(self, "dry_sequence_breakers", tuple(breakers))
+        for name, bound in BOUNDS.items():
+            value = getattr(self, name)
+            if not (name == "seed" and value is None):  # no seed: a fresh one
+                bound.check(name, value)
+        breakers = self.dry_sequence_breakers
+        if isinstance(breakers, str | bytes):  # would split into characters
+            raise ParamError("dry_sequence_breakers", f"dry_sequence_breakers must be a list of strings or "
+                             f"token-id sequences, got the string {breakers!r} (write [{breakers!r}])")
+        _check_list("dry_sequence_breakers", breakers, "strings or token-id sequences")
+        object.__setattr__(self, "dry_sequence_breakers", tuple(_breaker(b) for b in breakers))
         if self.mirostat not in (0, 1, 2) or isinstance(self.mirostat, bool):
-            raise ValueError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
-        f("mirostat_tau", self.mirostat_tau, minimum=0.0, min_open=True)
-        f("mirostat_eta", self.mirostat_eta, minimum=0.0, min_open=True)
+            raise ParamError("mirostat", f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
         if not isinstance(self.logit_bias, Mapping):
-            raise ValueError(f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
+            raise ParamError("logit_bias", f"logit_bias must be a mapping of token id to bias, got {self.logit_bias!r}")
         bias = {}
         for token, value in dict(self.logit_bias).items():
-            check_int("logit_bias token", token, minimum=0)
-            value = float(value) if not isinstance(value, bool) else value
-            if not isinstance(value, float) or math.isnan(value) or value == math.inf:
-                raise ValueError(f"logit_bias value for token {token} must be a number or -inf, got {value!r}")
-            bias[int(token)] = value
+            TOKEN_ID.check("logit_bias", token, "logit_bias token")
+            bias[int(token)] = _bias(token, value)
         object.__setattr__(self, "logit_bias", bias)
-        check_int("min_tokens", self.min_tokens, minimum=0)
         _check_list("eos_token_ids", self.eos_token_ids, "token ids")
-        object.__setattr__(self, "eos_token_ids", tuple(
-            check_int("eos_token_ids entry", t, minimum=0) for t in self.eos_token_ids))
+        for t in self.eos_token_ids:
+            TOKEN_ID.check("eos_token_ids", t, "eos_token_ids entry")
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
         if self.min_tokens > 0 and not self.eos_token_ids:
-            raise ValueError(f"min_tokens={self.min_tokens} needs eos_token_ids to know what to suppress")
-        if self.seed is not None:
-            check_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
+            raise ParamError("min_tokens", f"min_tokens={self.min_tokens} needs eos_token_ids to know what to "
+                                           f"suppress")
         object.__setattr__(self, "order", resolve_order(self.order))
-        check_int("logprobs", self.logprobs, minimum=0)
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
-            raise ValueError(
-                f"grammar must be a tiny_llm.constrain.Grammar (e.g. Grammar.from_gbnf(text)), "
-                f"got {type(self.grammar).__name__}"
-            )
+            raise ParamError("grammar", f"grammar must be a tiny_llm.constrain.Grammar (e.g. Grammar.from_gbnf(text)), "
+                                        f"got {type(self.grammar).__name__}")
         if not isinstance(self.grammar_first, bool):
-            raise ValueError(f"grammar_first must be True or False, got {self.grammar_first!r}")
+            raise ParamError("grammar_first", f"grammar_first must be True or False, got {self.grammar_first!r}")
         if self.draw not in DRAWS:
-            raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
+            raise ParamError("draw", f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
         if self.draw == "race" and (self.grammar is not None or self.mirostat):
-            raise ValueError("draw='race' does not combine with a grammar or mirostat: they draw by the "
-                             "inverse CDF")
+            raise ParamError("draw", "draw='race' does not combine with a grammar or mirostat: they draw by the "
+                                     "inverse CDF")
         if self.grammar is not None and self.mirostat:
-            raise ValueError(f"grammar does not combine with mirostat={self.mirostat}: mirostat's "
-                             f"target surprise assumes the unconstrained distribution")
+            raise ParamError("grammar", f"grammar does not combine with mirostat={self.mirostat}: mirostat's "
+                                        f"target surprise assumes the unconstrained distribution")
         missing = [stage for stage in self.enabled_stages() if stage not in self.order]
         if missing and not self.mirostat:
-            raise ValueError(
-                f"order {'; '.join(self.order)} leaves out {', '.join(missing)}, "
-                f"which these parameters switch on"
-            )
+            raise ParamError("order", f"order {'; '.join(self.order)} leaves out {', '.join(missing)}, "
+                                      f"which these parameters switch on")
 
     def __hash__(self):
         return hash(tuple((f.name, repr(getattr(self, f.name))) for f in fields(self)))
 
     def check_vocabulary(self, vocab_size: int) -> None:
-        """Raise `ValueError` when a token id of these parameters (`logit_bias`,
+        """Raise `ParamError` when a token id of these parameters (`logit_bias`,
         `eos_token_ids`, `dry_sequence_breakers`) is outside a vocabulary of `vocab_size`
         tokens. Called where the model is known, before anything runs."""
         breakers = [t for b in self.dry_sequence_breakers if not isinstance(b, str) for t in b]
@@ -243,7 +333,7 @@ class SamplingParams:
                           ("dry_sequence_breakers", breakers)):
             outside = sorted(t for t in ids if t >= vocab_size)
             if outside:
-                raise ValueError(f"{name} names token {outside[0]}, outside the vocabulary [0, {vocab_size})")
+                raise ParamError(name, f"{name} names token {outside[0]}, outside the vocabulary [0, {vocab_size})")
 
     def enabled_stages(self) -> list[str]:
         """The stages whose parameters are not "off" (`STAGE_ON`), in `STAGES` order."""

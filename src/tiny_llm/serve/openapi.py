@@ -5,8 +5,8 @@ refusal.
 
 The request schemas are built from protocol's own lists of fields (`CHAT`, `COMPLETION`,
 `EXTENSIONS`, `IGNORED`) and limits (`ROLES`, `MAX_CHOICES`, `MAX_TOP_LOGPROBS`), and the
-extension fields from `SamplingParams`' fields, their types and the bounds its checks
-enforce (`PARAM_BOUNDS`). A field the server learns to take cannot be missing here: a
+extension fields from `SamplingParams`' fields, their types and their ranges
+(`sampler.params.BOUNDS`, narrowed by protocol's own `MAX_TEMPERATURE`). A field the server learns to take cannot be missing here: a
 field without a schema is a `KeyError` when the description is built, and
 tests/test_serve_fuzz.py compares the description with the app and fuzzes the server
 against it.
@@ -24,36 +24,15 @@ from .. import __version__
 from ..request import MAX_STOP_STRINGS
 from ..sampler import SamplingParams
 from ..sampler.draw import DRAWS
-from ..sampler.params import ALIASES, PRESETS, STAGES
+from ..sampler.params import ALIASES, BOUNDS, FLOAT32_MAX, FLOAT32_TINY, PRESETS, STAGES
 from . import anthropic
-from .protocol import (CHAT, COMPLETION, EXTENSIONS, FLOAT32_MAX, FLOAT32_TINY, FLOAT_PARAMS, IGNORED, LEGACY,
-                       MAX_CHOICES, MAX_TEMPERATURE, MAX_TOP_K, MAX_TOP_LOGPROBS, ROLES)
+from .protocol import (CHAT, COMPLETION, EXTENSIONS, IGNORED, LEGACY, MAX_CHOICES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS,
+                       ROLES)
 from .responses import FORMAT_KEYS, ITEM_KEYS, PART_KEYS, PASSED, READ, REFUSED, TOOL_KEYS
 from .responses import ROLES as RESPONSE_ROLES
 
-# The bounds `SamplingParams.__post_init__` checks, field by field, in JSON Schema's words,
-# and protocol's own (`MAX_TOP_K`). Every float field is also a float32 (`float32`).
-PARAM_BOUNDS: dict[str, dict] = {
-    "temperature": {"minimum": 0, "maximum": MAX_TEMPERATURE},
-    "top_k": {"minimum": 0, "maximum": MAX_TOP_K},
-    "top_p": {"minimum": 0, "maximum": 1},
-    "min_p": {"minimum": 0, "maximum": 1},
-    "typical_p": {"minimum": 0, "maximum": 1},
-    "xtc_probability": {"minimum": 0, "maximum": 1},
-    "xtc_threshold": {"minimum": 0, "maximum": 1},
-    "dynatemp_range": {"minimum": 0},
-    "dynatemp_exponent": {"minimum": 0},
-    "repetition_penalty": {"exclusiveMinimum": 0},
-    "penalty_last_n": {"minimum": -1},
-    "dry_multiplier": {"minimum": 0},
-    "dry_base": {"exclusiveMinimum": 1},
-    "dry_allowed_length": {"minimum": 1},
-    "dry_penalty_last_n": {"minimum": -1},
-    "mirostat_tau": {"exclusiveMinimum": 0},
-    "mirostat_eta": {"exclusiveMinimum": 0},
-    "min_tokens": {"minimum": 0},
-    "seed": {"minimum": 0, "maximum": 2**32 - 1},
-}
+# Protocol's own limits, narrower than `SamplingParams`' ranges (`BOUNDS`).
+NARROWER: dict[str, dict] = {"temperature": {"maximum": MAX_TEMPERATURE}}
 
 _JSON_TYPES = {float: "number", int: "integer", bool: "boolean", str: "string"}
 ERROR_STATUSES = {400: "The request is malformed or asks for something the server does not do",
@@ -119,9 +98,7 @@ def param_schema(name: str, vocab_size: int) -> dict:
         named = [a for a in args if a is not type(None)]
         if len(named) != 1 or named[0] not in _JSON_TYPES:
             raise TypeError(f"SamplingParams.{name} ({annotation}) has no JSON schema: add it to param_schema")
-        schema = {"type": _JSON_TYPES[named[0]], **PARAM_BOUNDS.get(name, {})}
-        if name in FLOAT_PARAMS:
-            schema = float32(schema)
+        schema = bound_schema(name) if name in BOUNDS else {"type": _JSON_TYPES[named[0]]}
     default = next(f.default for f in fields(SamplingParams) if f.name == name)
     described = {**schema, "description": f"SamplingParams.{name} (llama.cpp's meaning)"
                  + (f"; default {default!r}" if isinstance(default, int | float | str) else "")
@@ -129,9 +106,22 @@ def param_schema(name: str, vocab_size: int) -> dict:
     return nullable(described)
 
 
+def bound_schema(name: str) -> dict:
+    """The range of the `SamplingParams` field `name` (`BOUNDS`) in JSON Schema's words, with
+    protocol's narrower limits (`NARROWER`); a number that is not an integer is a float32."""
+    bound = BOUNDS[name]
+    schema = {"type": "integer" if bound.integer else "number"}
+    if bound.minimum is not None:
+        schema["exclusiveMinimum" if bound.above else "minimum"] = bound.minimum
+    if bound.maximum is not None:
+        schema["maximum"] = bound.maximum
+    schema.update(NARROWER.get(name, {}))
+    return schema if bound.integer else float32(schema)
+
+
 def float32(schema: dict) -> dict:
-    """`schema` (a number) narrowed to what protocol takes for the sampler's float32: at most
-    FLOAT32_MAX in magnitude, and 0 or at least FLOAT32_TINY."""
+    """`schema` (a number) narrowed to a float32, as `SamplingParams` takes the sampler's
+    numbers: at most FLOAT32_MAX in magnitude, and 0 or at least FLOAT32_TINY."""
     out = dict(schema)
     if out.get("exclusiveMinimum") == 0:  # above 0: the smallest float32 is the least value
         del out["exclusiveMinimum"]
