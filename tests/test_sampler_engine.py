@@ -977,7 +977,8 @@ def test_sample_lazily_counts_nan_as_excluded():
 @pytest.mark.parametrize("params, values, match", [
     (SamplingParams(temperature=0.0), [0.0, math.nan], "row 1: the logits have no finite value"),
     (SamplingParams(temperature=0.7, seed=1), [math.inf, 0.0], r"row 0: the logits have \+inf"),
-    (SamplingParams(temperature=1e-45, seed=1), [0.0, 0.0], "row 0: the sampling stages left no finite logit"),
+    (SamplingParams(temperature=1.401298464324817e-45, seed=1), [0.0, 0.0],  # float32's least positive number
+     "row 0: the sampling stages left no finite logit"),
 ], ids=["nan-row", "inf-row", "overflow"])
 def test_sample_lazily_confirms_bad_rows_and_undoes_the_draw(params, values, match):
     """A row that `sample` refuses: `confirm` raises the same ValueError, and the draw is
@@ -1079,3 +1080,121 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_its_neighbour_asks_for(subj
     for step in range(60):
         x = mx.array((rng.standard_normal((2, 49152)) * 4).astype(np.float32)).astype(mx.float16)
         assert int(alone.sample(x[:1])[0]) == int(batch.sample(x)[0]), step
+
+
+# ---- the plan: chosen once from the parameters ------------------------------------------
+
+
+def plan_of(params):
+    from tiny_llm.sampler.plans import make_plan
+    from tiny_llm.sampler.rows import make_rows
+    return make_plan(make_rows(params, None))
+
+
+def route(plan):
+    """The first route's name and its groups as (members, path)."""
+    from tiny_llm.sampler.plans import Apart
+    first = plan.first.unchecked if isinstance(plan.first, Apart) else plan.first
+    return type(plan.first).__name__, [(g.members, g.path) for g in first.groups]
+
+
+@pytest.mark.parametrize("params, expected, lazy", [
+    ([dict(temperature=0.0), dict(temperature=0.0, order="hf")], ("Unchecked", [((0, 1), "greedy")]), True),
+    ([dict(temperature=0.7), dict(temperature=0.9, min_p=0.1)], ("Unchecked", [((0, 1), "stages")]), True),
+    ([dict(temperature=0.7), dict(temperature=1.3)], ("Unchecked", [((0, 1), "divide")]), True),
+    # A greedy row beside a temperature row: dividing by 0 would leave it no distribution.
+    ([dict(temperature=0.0), dict(temperature=0.7)], ("Unchecked", [((0, 1), "stages")]), True),
+    ([dict(temperature=0.7), dict(top_p=0.9), dict(temperature=0.0, top_p=0.9)],
+     ("Unchecked", [((0,), "divide"), ((1, 2), "stages")]), False),
+    ([dict(temperature=0.7), dict(temperature=0.7, order="hf")], ("Checked", [((0,), "stages"), ((1,), "stages")]), False),
+    ([dict(top_k=40), dict(mirostat=2), dict(temperature=0.0, top_k=5, order="vllm")],
+     ("Checked", [((0,), "window"), ((1,), "chain"), ((2,), "greedy")]), False),
+    ([dict(top_k=40, draw="race"), dict(xtc_probability=0.5)], ("Checked", [((0,), "chain"), ((1,), "chain")]), False),
+], ids=["greedy", "min_p", "divide", "greedy-beside-temperature", "top_p-apart", "two-orders", "window-chain-greedy",
+        "race-and-xtc"])
+def test_plan_gives_each_group_its_path(params, expected, lazy):
+    """Rows group by chain, draw and top-p, and each group gets the cheapest path its
+    parameters allow; rows of more than one chain skip the unchecked route."""
+    plan = plan_of([SamplingParams(**kw) for kw in params])
+    assert (route(plan), plan.lazy) == (expected, lazy)
+
+
+def test_plan_is_made_with_the_rows_and_only_then(monkeypatch):
+    """Drawing runs the plan: once the sampler is built (and again by `select` and `concat`),
+    nothing asks which path the parameters allow, and every method still draws."""
+    from tiny_llm.sampler import fast, plans
+
+    params = [SamplingParams(temperature=0.0, seed=1), SamplingParams(top_k=20, seed=2),
+              SamplingParams(top_p=0.9, seed=3), SamplingParams(mirostat=2, seed=4),
+              SamplingParams(temperature=0.8, draw="race", seed=5)]
+    sampler, twin = Sampler(params), Sampler(params)
+    x = mx.array(llm_like_logits(8, 5, 3000))
+    expected = [twin.sample(x).tolist() for _ in range(3)]
+
+    def refuse(*_):
+        raise AssertionError("the path was chosen again at a draw")
+
+    for name in ("eligible", "wants_window"):
+        monkeypatch.setattr(fast, name, refuse)
+    monkeypatch.setattr(plans, "make_plan", refuse)
+    got = [sampler.sample(x).tolist() for _ in range(2)]
+    got.append(sampler.sample_with_logprobs(x).tokens.tolist())
+    assert got == expected
+    assert sampler.distribution(x).shape == (5, 3000)
+    monkeypatch.undo()
+    part = sampler.select([0, 2])
+    assert route(part._plan) == ("Unchecked", [((0,), "greedy"), ((1,), "stages")])
+    assert route(Sampler.concat([part, sampler.select([1])])._plan)[0] == "Checked"
+
+
+def test_unchecked_route_raises_needs_checked_path_and_sample_reports_the_row():
+    """The unchecked route does not check the logits: a row without a finite logit makes it
+    raise `NeedsCheckedPath`; `sample` then runs the checked route, which names the row."""
+    from tiny_llm.sampler.plans import NeedsCheckedPath
+    from tiny_llm.sampler.rows import make_rows
+
+    params = [SamplingParams(temperature=0.7, seed=1), SamplingParams(temperature=0.0)]
+    rows = make_rows(params, None)
+    x = mx.array(np.array([[0.0, 1.0, 2.0], [-INF, -INF, -INF]], dtype=np.float32))
+    with pytest.raises(NeedsCheckedPath):
+        plan_of(params).first.sample(x, None, rows)
+    with pytest.raises(NeedsCheckedPath):
+        plan_of(params).first.sample(x[:1], [[1], [2]], rows[:1])  # a history of two rows for one
+    with pytest.raises(ValueError, match="row 1: the logits have no finite value"):
+        Sampler(params).sample(x)
+
+
+def test_group_refuses_an_unknown_path():
+    from tiny_llm.sampler.plans import Group
+
+    with pytest.raises(ValueError, match="path must be one of greedy, divide, stages, window, chain, got 'fast'"):
+        Group((0,), ("temperature",), "inverse_cdf", "fast")
+
+
+@pytest.mark.parametrize("params", [
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=3)],
+    [SamplingParams(temperature=0.8, draw="race", seed=4), SamplingParams(temperature=0.0, draw="race")],
+], ids=["inverse-cdf", "race"])
+def test_sample_lazily_draws_a_greedy_row_beside_a_temperature_row(params):
+    """A greedy row beside a temperature row: `sample_lazily` draws what `sample` draws, and
+    `confirm` has nothing to report (dividing the greedy row by its temperature of 0 would
+    leave it no distribution, and `confirm` would refuse a row that `sample` draws)."""
+    x = mx.array(llm_like_logits(9, 2, 500))
+    lazy, eager = Sampler(params), Sampler(params)
+    for _ in range(4):
+        tokens, confirm = lazy.sample_lazily(x)
+        confirm()
+        assert tokens.tolist() == eager.sample(x).tolist()
+    assert lazy.stats.draws == eager.stats.draws == 8
+
+
+def test_an_empty_order_draws_from_the_plain_softmax():
+    """order=[] runs no stage: the distribution is the softmax of the logits, and a seeded
+    row draws from it (alone and beside a greedy row) instead of failing."""
+    logits = mx.array([[0.1, 0.5, 0.2]])
+    params = SamplingParams(order=[], seed=1)
+    np.testing.assert_allclose(np.array(Sampler(params).distribution(logits)), np.array(mx.softmax(logits, axis=-1)),
+                               rtol=1e-6)
+    alone = Sampler(params).sample(logits).tolist()
+    both = Sampler([params, SamplingParams(temperature=0)]).sample(mx.concatenate([logits, logits])).tolist()
+    assert both == alone + [1] and alone[0] in (0, 1, 2)

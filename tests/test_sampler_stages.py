@@ -414,6 +414,27 @@ def test_xtc_renormalises_over_candidates():
     check(dist(LN(P4), xtc_threshold=0.25, logit_bias={0: -INF}, **XTC), [0, 0, 0.15, 0.05])
 
 
+def test_xtc_token_exactly_at_the_threshold_is_a_top_choice_in_every_xtc():
+    """Logits [log 2, 0, 0] give p = [.5, .25, .25] exactly in float32; threshold .25 (exact
+    too). llama.cpp counts p >= threshold as a top choice: all three are, the least likely
+    (.25, with its tie) stay and token 0 goes; the engine's stage and the shared mask make
+    that cut. mlx-lm compares with a strict >: only .5 is above .25 and one top choice is
+    never cut, so its `apply_xtc` and our facade's keep every token."""
+    from mlx_lm.sample_utils import apply_xtc as mlx_lm_apply_xtc
+
+    from tiny_llm.sampler import apply_xtc, filters, stages
+
+    x = as_logits([math.log(2.0), 0.0, 0.0])
+    probs = mx.softmax(x, axis=-1)
+    assert probs.tolist() == [[0.5, 0.25, 0.25]] == stages.softmax(x).tolist()
+    assert filters.xtc_above(probs, 0.25).tolist() == [[True, True, True]]
+    assert filters.xtc_mask(probs, 0.25).tolist() == [[True, False, False]]
+    assert stages.xtc(x, mx.array([[0.25]]), mx.array([[True]])).tolist() == [[-INF, 0.0, 0.0]]
+    assert filters.xtc_mask(probs, 0.25, strict=True).tolist() == [[False, False, False]]
+    assert apply_xtc(x, 1.0, 0.25, []).tolist() == mlx_lm_apply_xtc(x, 1.0, 0.25, []).tolist() == x.tolist()
+    check(dist([math.log(2.0), 0.0, 0.0], xtc_threshold=0.25, **XTC), [0, 0.25, 0.25])
+
+
 # --------------------------------------------------------------------------- temperature
 
 

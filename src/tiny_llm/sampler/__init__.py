@@ -6,8 +6,12 @@
 
 The engine's modules, from the bottom: `checks` (argument checks), `params` (the parameters),
 `penalties`, `dry`, `filters` and `stages` (the chain, the reference), `rng` (counter-based
-randomness), `draw` (the inverse-CDF draw), `fast` (the window path), `rows` (one row's state)
-and `engine` (the `Sampler`: a list of rows and the dispatch over them).
+randomness), `draw` (the inverse-CDF draw), `fast` (the window path), `rows` (one row's state),
+`chain` (the stages over a group of rows), `plans` (each group's path, chosen once from the
+parameters), `grammar_rows` (the grammar's say) and `engine` (the `Sampler`: a list of rows and
+its plan).
+
+Tests: tests/test_sampler_engine.py, tests/test_sampler_facade.py
 """
 
 from .basic import (MIN_EXPONENTIAL, exponential_noise, keep_top_k, keep_top_p, make_sampler, sample_exponential_race,

@@ -1,4 +1,7 @@
-"""Engine — filters beyond the week-1 set, shared by the mlx-lm facade and the engine."""
+"""Engine — filters beyond the week-1 set, shared by the mlx-lm facade and the engine.
+
+Tests: tests/test_sampler_stages.py, tests/test_sampler_facade.py
+"""
 
 import math
 
@@ -20,8 +23,16 @@ def keep_min_p(logprobs: mx.array, min_p: float, min_tokens_to_keep: int = 1) ->
     return mx.where(keep, logprobs, -mx.inf)
 
 
-def xtc_mask(probs: mx.array, threshold: float) -> mx.array:
-    """True for the tokens XTC removes: every token with `p >= threshold` except the least
+def xtc_above(probs: mx.array, threshold: "float | mx.array", *, strict: bool = False) -> mx.array:
+    """The tokens XTC counts as top choices: `p >= threshold`, llama.cpp's comparison (a
+    token exactly at the threshold is one), which the engine follows; `strict=True` is
+    mlx-lm's `p > threshold`, which its facade (`apply_xtc`, `mlx_compat.make_sampler`) keeps."""
+    return probs > threshold if strict else probs >= threshold
+
+
+def xtc_mask(probs: mx.array, threshold: float, *, strict: bool = False) -> mx.array:
+    """True for the tokens XTC removes: every top choice (`xtc_above`) except the least
     likely of them (so nothing is removed unless two or more tokens pass the threshold)."""
-    least_above = mx.min(mx.where(probs > threshold, probs, mx.inf), axis=-1, keepdims=True)
+    least_above = mx.min(mx.where(xtc_above(probs, threshold, strict=strict), probs, mx.inf), axis=-1,
+                         keepdims=True)
     return probs > least_above

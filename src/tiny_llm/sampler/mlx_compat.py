@@ -151,8 +151,8 @@ def apply_xtc(
 
 def _xtc(logits: mx.array, probability: float, threshold: float, special: list[int]) -> mx.array:
     """XTC on checked arguments: one uniform draw from the global random state decides for
-    the whole batch."""
-    mask = xtc_mask(mx.softmax(logits, axis=-1), threshold)  # B, V
+    the whole batch. A token exactly at the threshold is not a top choice, as in mlx-lm."""
+    mask = xtc_mask(mx.softmax(logits, axis=-1), threshold, strict=True)  # B, V
     if special:
         protected = mx.zeros((logits.shape[-1],), dtype=mx.bool_).at[mx.array(special)].add(True)
         mask = mask & ~protected

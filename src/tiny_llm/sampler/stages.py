@@ -3,12 +3,15 @@
 Each maps logits `[G, V]` (float32, excluded tokens at -inf) to logits `[G, V]`, with one parameter per row (`[G, 1]` arrays): rows whose value
 means "off" pass through unchanged. A filter renormalises over the candidates it is given
 and keeps every token tied with the last one it keeps.
+
+Tests: tests/test_sampler_stages.py, tests/test_sampler_engine.py
 """
 
 import math
 
 import mlx.core as mx
 
+from .filters import xtc_above
 from .penalties import apply_frequency, apply_presence, apply_repetition
 
 NEG_INF = -math.inf
@@ -131,7 +134,7 @@ def xtc(x, threshold, active):
     """Exclude Top Choices: in rows where `active`, if two or more tokens have
     p >= threshold, remove all of them but the least likely (and its ties)."""
     probs = _probs(x)
-    above = probs >= threshold
+    above = xtc_above(probs, threshold)
     n_above = mx.sum(above, axis=-1, keepdims=True)
     least = mx.min(mx.where(above, x, math.inf), axis=-1, keepdims=True)
     drop = active & (n_above >= 2) & above & (x > least)
