@@ -1,9 +1,10 @@
-"""GBNF parsing, the byte-level matcher, and token masks against brute force."""
+"""GBNF parsing and writing, composed grammars, the byte-level matcher, and token masks against brute force."""
 
 import contextlib
 import functools
 import itertools
 import json
+import pickle
 import sys
 
 import numpy as np
@@ -11,7 +12,12 @@ import pytest
 
 from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
 from tiny_llm.constrain.escape import gbnf_class_char, gbnf_literal
-from tiny_llm.constrain.grammar import Automaton, parse
+from tiny_llm.constrain.gbnf import parse, write
+from tiny_llm.constrain.grammar import SourceError
+from tiny_llm.constrain.json_schema import json_schema_to_gbnf
+from tiny_llm.constrain.program import Program
+from tiny_llm.constrain.pushdown import Automaton
+from tiny_llm.constrain.regex import regex_to_gbnf
 
 JSONISH = r"""
 # a small JSON: objects, arrays, strings, integers
@@ -136,6 +142,122 @@ def test_grammar_other_root_and_equality():
     assert g.accepts("x") and not g.accepts("")
     assert g == Grammar.from_gbnf('start ::= "x"', root="start") and hash(g) == hash(Grammar('start ::= "x"', "start"))
     assert g != Grammar.from_gbnf('root ::= "x"')
+
+
+def compiled(rules: dict, root: str = "root") -> tuple:
+    program = Program(rules, root)
+    return program.names, program.alts, program.kind, program.arg, program.charsets
+
+
+@pytest.mark.parametrize("text", [
+    JSONISH, 'root ::= "a"{2,3} "b"{2} "c"{1,} "d"{,2} [^a-c\\x5D]+ . [-a] ("x" | [\\u2028])*',
+    'root ::= "" | ("a" "b") ("" | "c")?\nx ::= "\\"#\\x00\\U0001F600" [\\]\\-^]', json_schema_to_gbnf(True),
+    json_schema_to_gbnf({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}}, compact=True),
+    regex_to_gbnf(r"(ab|c)*?x{2,5}|[^\]\-\\]+|é\u2028\x00"),
+], ids=range(6))
+def test_written_gbnf_reads_back_as_the_same_rules(text):
+    """`write` is what gives a composed grammar its text: read back, it compiles to the same
+    elements, and writing that gives the same text."""
+    rules = parse(text)
+    written = write(rules)
+    assert compiled(parse(written)) == compiled(rules)
+    assert write(parse(written)) == written
+
+
+def test_written_gbnf_is_plain_to_read():
+    assert write(parse(JSONISH)).splitlines()[5:] == [
+        'number ::= "-"? ([0-9] | [1-9] [0-9]*) ws', 'ws ::= "" | " " | "\\n" [\\x09 ]{0,4}']
+
+
+# Two grammars with the same rule names, whose literals and classes hold those names too.
+PART_A = 'root ::= "x" x?\nx ::= [r-t] root'
+PART_B = 'root ::= x "root"\nx ::= "x" | ""'
+
+
+def test_union_and_concat_compose_the_languages():
+    a, b = reference(PART_A), reference(PART_B)
+    union = Grammar.union(Grammar.from_gbnf(PART_A), Grammar.from_gbnf(PART_B))
+    concat = Grammar.concat(Grammar.from_gbnf(PART_A), Grammar.from_gbnf(PART_B))
+    texts = list(strings("xrot", 6))
+    assert [union.accepts(t) for t in texts] == [a(t) or b(t) for t in texts]
+    assert [concat.accepts(t) for t in texts] == [any(a(t[:i]) and b(t[i:]) for i in range(len(t) + 1))
+                                                  for t in texts]
+    assert union.accepts("xrx") and union.accepts("root") and concat.accepts("xxroot") and concat.accepts("xsxroot")
+    assert not union.accepts("xrootx") and not concat.accepts("x")
+
+
+def test_composed_grammars_keep_their_parts_apart_and_their_text():
+    """Parts are renamed on their rules (a literal "x" stays "x"), composition never reads
+    GBNF text, and a composed grammar's written text is the same grammar (how it is pickled
+    for the other ranks)."""
+    a, b = Grammar.from_gbnf(PART_A), Grammar.from_gbnf(PART_B)
+    framed = Grammar.concat(Grammar.literal("<"), Grammar.union(a, b), Grammar.literal('"\\>'))
+    assert framed.gbnf.splitlines()[:4] == [
+        'root ::= g0-root g1-root g2-root', 'g0-root ::= "<"', 'g1-root ::= g1-g0-root | g1-g1-root',
+        'g1-g0-root ::= "x" g1-g0-x?']
+    assert 'g1-g1-root ::= g1-g1-x "root"' in framed.gbnf and 'g2-root ::= "\\"\\\\>"' in framed.gbnf
+    assert framed.accepts('<xsx"\\>') and framed.accepts('<root"\\>') and not framed.accepts("<x")
+    again = pickle.loads(pickle.dumps(framed))
+    assert again == framed and again.accepts('<xsx"\\>') and compiled(again.rules) == compiled(framed.rules)
+    one = Grammar.union(a)
+    assert [one.accepts(t) for t in strings("xrot", 4)] == [a.accepts(t) for t in strings("xrot", 4)]
+    assert Grammar.literal("").matches_only_empty() and Grammar.literal("é中").accepts("é中")
+
+
+def test_composing_never_reads_text(monkeypatch):
+    a, b = Grammar.from_gbnf(PART_A), Grammar.from_gbnf(PART_B)
+
+    def no_parse(text):
+        raise AssertionError("parsed GBNF text")
+
+    monkeypatch.setattr("tiny_llm.constrain.grammar.parse", no_parse)
+    assert Grammar.concat(Grammar.union(a, b), Grammar.literal("!")).accepts("root!")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Grammar.union(), r"^Grammar\.union takes one or more grammars, got \(\)$"),
+    (lambda: Grammar.concat(Grammar.literal("a"), 'root ::= "b"'), r"^Grammar\.concat takes one or more grammars"),
+    (lambda: Grammar.literal(b"a"), r"^Grammar\.literal: text must be a str, got b'a'$"),
+])
+def test_composing_takes_grammars(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_schemas_json_text_is_read_once(monkeypatch):
+    """The converter is handed the value `Grammar` read, never the text."""
+    import tiny_llm.constrain.json_schema as converter
+
+    given = []
+    convert = converter.json_schema_to_gbnf
+    monkeypatch.setattr(converter, "json_schema_to_gbnf", lambda schema, **kw: given.append(schema) or
+                        convert(schema, **kw))
+    assert Grammar.from_json_schema('{"type": "integer"}').accepts("12")
+    assert Grammar.from_kind("json_schema", '{"enum": [1]}').accepts("1")
+    assert given == [{"type": "integer"}, {"enum": [1]}]
+
+
+@pytest.mark.parametrize("kind, value, what", [
+    ("grammar", 5, "must be text, got 5"),
+    ("regex", None, "must be text, got None"),
+    ("json_schema", [1], "must be a JSON schema object, got [1]"),
+    ("json_schema", "{x", "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+                          "(char 1)"),
+    ("json_schema", "[" * 100_000, "is JSON nested too deeply to read (the limit for a schema is 100 levels)"),
+])
+def test_a_value_that_is_no_source_says_so_of_itself(kind, value, what):
+    """`what` reads after the caller's name for the value (`json_schema is not valid JSON`)."""
+    with pytest.raises(SourceError) as e:
+        Grammar.from_kind(kind, value)
+    assert e.value.what == what
+    assert str(e.value) == f"{'json schema' if kind == 'json_schema' else kind} {what}"
+
+
+def test_only_a_schema_is_compact():
+    assert Grammar.from_kind("json_schema", {"type": "array"}, compact=True).accepts("[1, 2]")
+    assert not Grammar.from_kind("json_schema", {"type": "array"}, compact=True).accepts("[1,\n2]")
+    with pytest.raises(ValueError, match="^compact is for a json_schema, not a regex$"):
+        Grammar.from_kind("regex", "a", compact=True)
 
 
 # ---- writing GBNF: the escapes of the converters, read back by the parser -----------------

@@ -13,7 +13,8 @@ from test_cli import prompts_file, run_captured
 from tiny_llm.cli import build_parser
 from tiny_llm.cli.options import SAMPLING_FLAGS, request
 from tiny_llm.constrain import Grammar
-from tiny_llm.request import FieldError, GrammarCache, build_request, parse_logit_bias, parse_stop, seeded
+from tiny_llm.request import (FieldError, GrammarCache, build_request, compile_constraint, parse_logit_bias,
+                             parse_stop, seeded)
 from tiny_llm.sampler import SamplingParams
 
 TOKENIZER = vocab_tokenizer(64)  # token 0 ends the sequence
@@ -109,12 +110,38 @@ def test_min_tokens_gets_the_tokenizers_end_of_sequence_ids():
     ({"stop": ["a", ""]}, None, r"^stop must be a non-empty string or a list", "stop"),
     ({"samplers": "hf", "order": "hf"}, None, r"^samplers and order name the same thing", "order"),
     ({"samplers": "nonsense"}, None, r"^order has unknown stage 'nonsense'", "order"),
+    ({"temperature": 1e-50}, {"temperature": "--temp"}, r"^--temp must be a float32 \(the sampler's numbers\)", "--temp"),
+    ({"dry_penalty_last_n": -2}, {"dry_penalty_last_n": "--dry-penalty-last-n", "penalty_last_n": "--penalty-last-n"},
+     r"^--dry-penalty-last-n must be in \[-1, inf\), got -2$", "--dry-penalty-last-n"),
+    ({"logit_bias": {"5": None}}, None, r"^logit_bias value for token 5 must be a number or -inf, got None$",
+     "logit_bias"),
+    ({"logit_bias": [1]}, None, r"^logit_bias takes TOKEN\+BIAS, TOKEN-BIAS or TOKEN=BIAS, got 1$", "logit_bias"),
 ], ids=lambda v: v if isinstance(v, str) and not v.startswith("^") else None)
 def test_mistakes_name_the_field_as_the_caller_spells_it(given, spell, message, field):
     spelling = (lambda f: spell.get(f, f)) if spell else (lambda f: f)
     with pytest.raises(FieldError, match=message) as e:
         build_request(given, TOKENIZER, spell=spelling, vocab_size=64)
     assert e.value.field == field
+
+
+def test_a_refusal_of_sampling_params_carries_its_field():
+    """`SamplingParams`' own ParamError reaches the caller in its spelling through its `field`
+    (no message is read back): the words after the name are the library's."""
+    from tiny_llm.sampler.params import ParamError
+
+    with pytest.raises(ParamError) as library:
+        SamplingParams(top_k=-3)
+    with pytest.raises(FieldError) as e:
+        build_request({"top_k": -3}, TOKENIZER, spell=lambda f: {"top_k": "the-k"}.get(f, f))
+    assert (str(e.value), e.value.field) == ("the-k" + str(library.value).removeprefix("top_k"), "the-k")
+
+
+def test_openai_logit_bias_is_an_object():
+    """The command line's entries are not OpenAI's: a list is refused in SamplingParams' words."""
+    with pytest.raises(FieldError, match=r"^logit_bias must be a mapping of token id to bias, got \['5\+1'\]$") as e:
+        build_request({"logit_bias": ["5+1"]}, TOKENIZER, openai_bias=True)
+    assert e.value.field == "logit_bias"
+    assert build_request({"logit_bias": ["5+1"]}, TOKENIZER).params.logit_bias == {5: 1.0}
 
 
 def test_base_fields_hold_where_the_given_ones_are_silent():
@@ -149,6 +176,21 @@ def test_grammars_from_kinds_and_the_cache():
     assert Grammar.from_kind("json_schema", '{"type": "boolean"}').accepts("true")
     with pytest.raises(ValueError, match="kind is one of grammar, regex, json_schema, got 'xml'"):
         Grammar.from_kind("xml", "<a/>")
+
+
+def test_a_constraints_error_is_worded_by_its_type():
+    """Only an error about the value itself reads as said of the field ("json_schema is not
+    valid JSON"); a compiler's or a builder's message follows a colon, whatever its words."""
+    def build():
+        raise ValueError("must be odd, as this builder wants")
+
+    with pytest.raises(FieldError, match=r"^f: must be odd, as this builder wants$"):
+        compile_constraint([("f", build, 1)])
+    with pytest.raises(FieldError, match=r"^json_schema is JSON nested too deeply to read \(the limit for a schema "
+                                         r"is 100 levels\)$"):
+        compile_constraint([("json_schema", "json_schema", "[" * 100_000)])
+    with pytest.raises(FieldError, match=r"^regex must be text, got 5$"):
+        compile_constraint([("regex", "regex", 5)], grammars=GrammarCache())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -287,6 +287,18 @@ def test_errors_come_in_openais_shape(tiny, client):
     assert tiny.metric('tiny_llm_requests_total{endpoint="chat",status="400"}') >= 3
 
 
+@pytest.mark.parametrize("field, value", [("temperature", 1e-50), ("top_k", 2**31), ("logit_bias", ["5+1"])])
+def test_a_bad_sampling_field_is_refused_in_sampling_params_words(tiny, field, value):
+    """The server has no checks of its own for what SamplingParams checks (the float32 range,
+    top_k, logit_bias' shape): its 400 says what the library says, with the field as param."""
+    from tiny_llm.sampler.params import ParamError
+
+    with pytest.raises(ParamError) as library:
+        SamplingParams(**{field: value})
+    error = error_of(tiny.post("/v1/completions", {"prompt": "x", "max_tokens": 2, field: value}), 400)
+    assert (error["message"], error["param"]) == (str(library.value), field)
+
+
 def test_a_request_that_fails_while_decoding_fails_alone(tiny, client, default_tokenizer):
     """A grammar whose only character is banned by logit_bias cannot draw a token: that
     request (both its choices) ends with a 400 (the request's own doing), the streams beside

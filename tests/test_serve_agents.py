@@ -20,8 +20,9 @@ from serve_support import openai_client, running_server
 from test_serve_text import TIME, WEATHER
 
 from tiny_llm.constrain import Grammar
+from tiny_llm.request import GrammarCache
 from tiny_llm.serve.protocol import Context, RequestError, parse
-from tiny_llm.serve.tools import call_or_answer_grammar, prefixed, tool_call_grammar
+from tiny_llm.serve.tools import call_or_answer_grammar, tool_call_grammar
 
 pytestmark = pytest.mark.xdist_group("serve-agents")
 
@@ -41,10 +42,35 @@ def chat(**fields) -> dict:
 # ---- without a server: the grammars and the request checks ---------------------------------
 
 
-def test_prefixed_renames_rules_and_nothing_else():
-    text = 'root ::= "root x" [a-z_-]{0,20} x # x is a rule\nx ::= "\\"x\\"" [^"\\\\x] root?\n'
-    assert prefixed(text, "p-") == (
-        'p-root ::= "root x" [a-z_-]{0,20} p-x # x is a rule\np-x ::= "\\"x\\"" [^"\\\\x] p-root?\n')
+def no_compiling(monkeypatch):
+    """From here on, a grammar that is not in a cache yet cannot be compiled."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled a grammar again")
+
+    monkeypatch.setattr(Grammar, "from_kind", refuse)
+
+
+def test_the_call_grammars_take_their_parts_from_the_cache(monkeypatch):
+    """Each tool's arguments and the answer's schema are compiled once, through the cache the
+    server keeps (the answer's grammar is the one `response_format` alone gets)."""
+    cache = GrammarCache()
+    first = call_or_answer_grammar([WEATHER, TIME], VERDICT, grammars=cache)
+    no_compiling(monkeypatch)
+    again = call_or_answer_grammar([TIME, WEATHER], VERDICT, grammars=cache)
+    forced = tool_call_grammar([WEATHER], grammars=cache)
+    assert first.accepts(CALL) and again.accepts(CALL) and forced.accepts(CALL)
+    assert cache.of_kind("json_schema", VERDICT).accepts('{"verdict": "no", "sure": false}')
+    assert cache.of_kind("json_schema", WEATHER_ARGS, compact=True).accepts('{"city": "Oslo", "days": 3}')
+
+
+def test_a_forced_calls_response_format_is_compiled_once_for_the_answer(default_tokenizer, monkeypatch):
+    """The format beside a forced call is checked by compiling it into the server's cache, so
+    the answer a later turn asks for in that format finds its grammar there."""
+    fresh = Context(default_tokenizer, (NAME,), 2048, default_tokenizer.vocab_size)
+    parse(chat(tools=[WEATHER], tool_choice="required", response_format=FORMAT), "chat", fresh)
+    no_compiling(monkeypatch)
+    answer = parse(chat(response_format=FORMAT), "chat", fresh).params[0].grammar
+    assert answer.accepts('{"verdict": "yes", "sure": true}') and not answer.accepts(CALL)
 
 
 def test_a_call_or_an_answer_and_nothing_else():

@@ -3,13 +3,16 @@ calls cut out of streamed text at every possible split, tools in the prompt, and
 field a request can get wrong."""
 
 import json
+import random
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from tiny_llm.constrain import Grammar
+from tiny_llm.constrain.pushdown import Automaton
 from tiny_llm.serve.protocol import Context, RequestError, parse
-from tiny_llm.serve.text import StopStrings, ToolCallText, parse_tool_call
+from tiny_llm.serve.text import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, StopStrings, ToolCallText, parse_tool_call
 from tiny_llm.serve.tools import conversation, tool_call_grammar
 
 # An OpenAI tool definition, as a client sends it (also the soak's, scripts/soak_serve.py).
@@ -99,6 +102,36 @@ def test_the_forced_call_grammar_takes_exactly_the_valid_calls():
     assert not grammar.accepts(CALL + "\n" + CALL)  # one call
     named = tool_call_grammar([WEATHER, TIME], "get_time")
     assert not named.accepts(CALL) and named.accepts('<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>')
+
+
+def same_language(a: Grammar, b: Grammar, walks: int, seed: int = 0) -> None:
+    """`a` and `b` allow the same next bytes (and end alike) all along random walks: the same
+    token masks, so the same tokens under the same seed."""
+    rng = random.Random(seed)
+    for _ in range(walks):
+        s, t, text = a.automaton.start, b.automaton.start, b""
+        while True:
+            allowed = [x for x in range(256) if a.automaton.step(s, x) != Automaton.DEAD]
+            assert allowed == [x for x in range(256) if b.automaton.step(t, x) != Automaton.DEAD], text
+            assert a.automaton.accepting(s) == b.automaton.accepting(t), text
+            if not allowed:
+                break
+            x = rng.choice(allowed)
+            s, t, text = a.automaton.step(s, x), b.automaton.step(t, x), text + bytes([x])
+
+
+def test_the_call_grammar_writes_a_call_as_the_schema_compiler_writes_its_json():
+    """A call block is the compact JSON of `{"name": <the name>, "arguments": <the schema>}`,
+    both required, nothing else, as `Grammar.from_json_schema` has it."""
+    def call(tool: dict) -> Grammar:
+        function = tool["function"]
+        return Grammar.from_json_schema({
+            "type": "object", "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
+            "required": ["name", "arguments"], "additionalProperties": False}, compact=True)
+
+    block = Grammar.concat(Grammar.literal(TOOL_CALL_OPEN + "\n"), Grammar.union(call(WEATHER), call(TIME)),
+                           Grammar.literal("\n" + TOOL_CALL_CLOSE))
+    same_language(tool_call_grammar([WEATHER, TIME]), block, walks=20)
 
 
 def test_tools_and_their_results_become_text_for_a_template_without_tools():

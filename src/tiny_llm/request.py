@@ -7,8 +7,11 @@ or an OpenAI body turned into `SamplingParams`, a grammar and stop strings.
 Every caller gives plain fields under their `SamplingParams` names (plus `samplers`, `stop`
 and the constraints `grammar`, `regex` and `json_schema`) and how it spells each field to
 its user (`--top-p` on the command line, `top_p` in a request body). Every mistake is a
-`FieldError` naming the field in that spelling; the caller turns it into its own kind of
-error (a one-line message, an HTTP 400).
+`FieldError` naming the field in that spelling (`SamplingParams`' own `ParamError` carries
+its field, which is spelled here); the caller turns it into its own kind of error (a
+one-line message, an HTTP 400).
+
+Tests: tests/test_request.py, tests/test_serve_agents.py
 """
 
 import json
@@ -20,7 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 
 from .constrain import Grammar
+from .constrain.grammar import SourceError
 from .sampler import SamplingParams
+from .sampler.params import ParamError
 from .tokenizer import Tokenizer
 
 PARAMS = frozenset(f.name for f in fields(SamplingParams))
@@ -58,6 +63,12 @@ class Request:
     constraint: str | None = None
 
 
+def canonical(value) -> str:
+    """A constraint's value as a cache key: its JSON with sorted keys, so that one schema
+    written with its keys in another order shares the grammar."""
+    return json.dumps(value, sort_keys=True, default=repr)
+
+
 class GrammarCache:
     """Compiled grammars by source, so that requests with the same schema share one grammar
     and its token masks (least recently used ones dropped beyond `size`)."""
@@ -65,7 +76,9 @@ class GrammarCache:
     def __init__(self, size: int = 64):
         self.size = size
         self._grammars: OrderedDict[tuple, Grammar] = OrderedDict()
-        self._lock = threading.Lock()  # requests are checked on several threads
+        # Requests are checked on several threads; reentrant, as a composed grammar's
+        # `build` gets its parts from the same cache.
+        self._lock = threading.RLock()
 
     def get(self, key: tuple, build: Callable[[], Grammar]) -> Grammar:
         with self._lock:
@@ -77,6 +90,11 @@ class GrammarCache:
                     self._grammars.popitem(last=False)
             self._grammars.move_to_end(key)
             return grammar
+
+    def of_kind(self, kind: str, value, *, compact: bool = False) -> Grammar:
+        """`Grammar.from_kind(kind, value, compact=compact)`, compiled once per canonical
+        JSON of `value`."""
+        return self.get((kind, canonical(value), compact), lambda: Grammar.from_kind(kind, value, compact=compact))
 
 
 def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping | None = None,
@@ -93,7 +111,8 @@ def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping 
     than the fields `grammar`, `regex` and `json_schema` (e.g. a `response_format`), where
     `kind` is one of `Grammar.KINDS` or a function that builds the grammar; at most one
     source may be given in all (a `grammar` may be a compiled `Grammar`). `grammars`: a cache of compiled grammars. `openai_bias`:
-    `logit_bias` values lie in [-100, 100], -100 banning the token (OpenAI's meaning).
+    `logit_bias` is an object whose values lie in [-100, 100], -100 banning the token
+    (OpenAI's meaning), not a list of the command line's entries.
     `unlimited`: `max_tokens` may be -1, no limit. `label`: how a message about a
     constraint's value names it (default `spell`); `verb`: what the user does with a field
     ("give", "pass", "send"), for the message that asks for one constraint, which also names
@@ -107,8 +126,9 @@ def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping 
         values["order"] = fields_["samplers"]
     if isinstance(values.get("order"), list):
         values["order"] = tuple(values["order"])
-    if "logit_bias" in values:
-        values["logit_bias"] = parse_logit_bias(values["logit_bias"], spell("logit_bias"), openai=openai_bias)
+    bias = values.get("logit_bias")  # a value of neither form is SamplingParams' to refuse
+    if isinstance(bias, Mapping) or (isinstance(bias, list | tuple) and not openai_bias):
+        values["logit_bias"] = parse_logit_bias(bias, spell("logit_bias"), openai=openai_bias)
     if isinstance(values.get("dry_sequence_breakers"), list):
         values["dry_sequence_breakers"] = tuple(
             tuple(b) if isinstance(b, list) else b for b in values["dry_sequence_breakers"])
@@ -125,27 +145,21 @@ def build_request(given: Mapping, tokenizer: Tokenizer | None, *, base: Mapping 
         params = SamplingParams(**values)
         if vocab_size is not None:
             params.check_vocabulary(vocab_size)
-    except (ValueError, TypeError) as e:
-        raise _spelled(str(e), values, spell, constraint) from None
+    except ParamError as e:
+        raise _spelled(e, spell, constraint) from None
     max_tokens = fields_.get("max_tokens")
     if max_tokens is not None:
         max_tokens = check_max_tokens(max_tokens, spell("max_tokens"), unlimited=unlimited)
     return Request(params, max_tokens, parse_stop(fields_.get("stop"), spell("stop")), constraint)
 
 
-def respelled(error: ValueError, spell: Spelling = as_is) -> FieldError:
-    """An error of `SamplingParams` or the `Sampler` (its message starts with the field's
-    name) as a `FieldError` in the caller's words."""
-    return _spelled(str(error), PARAMS, spell, None)
-
-
-def _spelled(message: str, values, spell: Spelling, constraint: str | None) -> FieldError:
-    """`SamplingParams`' message (it starts with its field's name) in the caller's words."""
-    name = next((n for n in sorted(values, key=len, reverse=True) if re.match(rf"{n}(?![\w-])", message)), None)
-    if name is None:
-        return FieldError(message, None)
-    field = constraint if name == "grammar" and constraint else spell(name)
-    return FieldError(field + message[len(name):] if name != "grammar" else message, field)
+def _spelled(error: ParamError, spell: Spelling, constraint: str | None) -> FieldError:
+    """`SamplingParams`' error with its field in the caller's words. The grammar's came from
+    the field `constraint`, which it names; its message keeps the word "grammar"."""
+    if error.field == "grammar":
+        return FieldError(str(error), constraint)
+    field = spell(error.field)
+    return FieldError(error.named(field), field)
 
 
 def check_max_tokens(value, field: str = "max_tokens", *, unlimited: bool = False) -> int:
@@ -154,14 +168,6 @@ def check_max_tokens(value, field: str = "max_tokens", *, unlimited: bool = Fals
         raise FieldError(f"{field} must be a positive integer{' or -1 (no limit)' if unlimited else ''}, "
                          f"got {value!r}"[:300], field)
     return value
-
-
-def check_field(field: str, value, check: Callable):
-    """`check(value)`, its `ValueError` turned into a `FieldError` naming `field`."""
-    try:
-        return check(value)
-    except ValueError as e:
-        raise FieldError(str(e), field) from None
 
 
 def compile_constraint(sources: Sequence[tuple], spell: Spelling = as_is, grammars: GrammarCache | None = None,
@@ -182,39 +188,28 @@ def compile_constraint(sources: Sequence[tuple], spell: Spelling = as_is, gramma
     label = (label or spell)(field)
     if isinstance(value, Grammar):  # compiled already
         return value, label
-    if callable(kind):
-        key, build = (field, json.dumps(value, sort_keys=True, default=repr)), kind
-    else:
-        key, build = (kind, json.dumps(value, sort_keys=True, default=repr)), lambda: Grammar.from_kind(kind, value)
+    grammars = GrammarCache() if grammars is None else grammars
     try:
-        grammar = grammars.get(key, build) if grammars is not None else build()
+        grammar = grammars.get((field, canonical(value)), kind) if callable(kind) else grammars.of_kind(kind, value)
     except FieldError:
         raise  # the builder named the field at fault itself (a part of a combined grammar)
+    except SourceError as e:  # about the value itself: "json_schema is not valid JSON: ..."
+        raise FieldError(f"{label} {e.what}", label) from None
     except (ValueError, RecursionError) as e:
-        text = str(e)
-        raise FieldError(f"{label} {text}" if text.startswith(("must be", "is not")) else f"{label}: {text}",
-                         label) from None
+        raise FieldError(f"{label}: {e}", label) from None
     if grammar.matches_only_empty():
         raise FieldError(f"{label}: matches only the empty text, so there is nothing to generate", label)
     return grammar, label
 
 
-def parse_logit_bias(bias, field: str = "logit_bias", *, openai: bool = False) -> dict[int, float]:
+def parse_logit_bias(bias: Mapping | Sequence[str], field: str = "logit_bias", *,
+                     openai: bool = False) -> dict:
     """Token id to bias, from a mapping (JSON keys are strings of digits) or from entries
     "TOKEN+BIAS", "TOKEN-BIAS", "TOKEN=BIAS" (the command line's). `openai`: the values lie
-    in [-100, 100] and -100 bans the token."""
-    if isinstance(bias, list | tuple) and all(isinstance(e, str) for e in bias):
-        out = {}
-        for entry in bias:
-            m = BIAS_ENTRY.fullmatch(entry)
-            if not m:
-                raise FieldError(f"{field} takes TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS, got {entry!r}", field)
-            out[int(m[1])] = float(m[2])
-        return out
-    if not isinstance(bias, Mapping):
-        raise FieldError(f"{field} must be an object of token id to bias, got {bias!r}"[:300], field)
+    in [-100, 100] and -100 bans the token. The ids and values are `SamplingParams`' to check."""
+    pairs = bias.items() if isinstance(bias, Mapping) else [_bias_entry(entry, field) for entry in bias]
     out = {}
-    for key, value in bias.items():
+    for key, value in pairs:
         if isinstance(key, str):
             if not (key.isascii() and key.isdigit()):
                 raise FieldError(f'{field} keys are token ids such as "15043", got {key!r}', field)
@@ -225,6 +220,14 @@ def parse_logit_bias(bias, field: str = "logit_bias", *, openai: bool = False) -
             value = -math.inf if value == -100 else float(value)
         out[key] = value
     return out
+
+
+def _bias_entry(entry, field: str) -> tuple[int, float]:
+    """A command line's `--logit-bias` entry as (token, bias)."""
+    m = BIAS_ENTRY.fullmatch(entry) if isinstance(entry, str) else None
+    if not m:
+        raise FieldError(f"{field} takes TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS, got {entry!r}"[:300], field)
+    return int(m[1]), float(m[2])
 
 
 def parse_stop(stop, field: str = "stop") -> tuple[str, ...]:

@@ -3,32 +3,27 @@
 
 Every mistake is a `RequestError` that names the field: the HTTP layer answers it with
 OpenAI's error shape and status 400 (404 for an unknown model).
+
+Tests: tests/test_cli.py, tests/test_serve_agents.py, tests/test_serve_engine.py
 """
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from ..constrain import json_schema_to_gbnf
 from ..defaults import MAX_TOKENS
-from ..request import FieldError, GrammarCache, build_request, check_max_tokens, seeded
+from ..request import FieldError, GrammarCache, build_request, check_max_tokens, compile_constraint, seeded
 from ..sampler import SamplingParams
-from ..sampler.params import MAX_TOP_K
 from ..sampler.checks import check_int
 from ..tokenizer import Tokenizer
-from .tools import (ToolError, call_or_answer_grammar, check_function_call, check_tool_choice, check_tools,
-                    conversation, tool_call_grammar, tools_of_functions)
+from .tools import (ToolFieldError, call_or_answer_grammar, check_function_call, check_tool_choice, conversation,
+                    parse_tools, tool_call_grammar, tools_of_functions)
 
 MAX_CHOICES = 128
 MAX_TOP_LOGPROBS = 20
-MAX_TEMPERATURE = 2  # OpenAI's range, so that a client that works here works there (the CLI takes more)
-# The sampler computes in float32: a parameter beyond its range (or nonzero and below its
-# smallest positive number, so that it rounds to zero) turns the logits into infinities, so
-# such a value is refused here, with its name.
-FLOAT32_MAX = 3.4028234663852886e38
-FLOAT32_TINY = 1.401298464324817e-45
-FLOAT_PARAMS = frozenset(f.name for f in fields(SamplingParams) if f.type is float)
+# OpenAI's range, narrower than SamplingParams', so that a client that works here works there
+# (the CLI takes more).
+MAX_TEMPERATURE = 2
 
 # OpenAI fields that change nothing here; accepted so that clients which send them work.
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "modalities",
@@ -143,7 +138,7 @@ def parse(body, kind: str, ctx: Context) -> Job:
     logprobs = _logprobs(body, kind)
     n = body.get("n")
     n = 1 if n is None else check_field("n", n, lambda v: check_int("n", v, minimum=1, maximum=MAX_CHOICES))
-    request = _request(body, logprobs, _constraints(body, tools), ctx)
+    request = _request(body, logprobs, _constraints(body, tools, ctx.grammars), ctx)
     choices = [seeded(request.params, i) for i in range(n)]  # choice i draws with seed + i: they differ
     return Job(kind, ctx.model_ids[0], prompt, max_tokens, choices, list(request.stop), logprobs, stream,
                include_usage, tools=tools.offered is not None, legacy=tools.legacy)
@@ -160,9 +155,9 @@ def _tools(body: dict) -> Tools:
             definitions = tools_of_functions(body["functions"]) if body.get("functions") is not None else None
             mode, forced = check_function_call(body.get("function_call"), definitions)
         else:
-            definitions = check_tools(body["tools"]) if body.get("tools") is not None else None
+            definitions = parse_tools(body["tools"]) if body.get("tools") is not None else None
             mode, forced = check_tool_choice(body.get("tool_choice"), definitions)
-    except ToolError as e:
+    except ToolFieldError as e:
         raise RequestError(str(e), e.field) from None
     return Tools(definitions, mode, forced, legacy=bool(old))
 
@@ -330,39 +325,27 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return top
 
 
-def _check_float32(name: str, value) -> None:
-    """A number the sampler can hold as a float32: 0, or between FLOAT32_TINY and FLOAT32_MAX
-    in magnitude (other types, and NaN, are left to `SamplingParams`, which names them)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value == 0 or value != value:
-        return
-    try:
-        magnitude = abs(float(value))
-    except OverflowError:  # an integer beyond any float
-        magnitude = math.inf
-    if not FLOAT32_TINY <= magnitude <= FLOAT32_MAX:
-        raise RequestError(f"{name} must be a float32 (the sampler's numbers): 0, or between {FLOAT32_TINY!r} "
-                           f"and {FLOAT32_MAX!r} in magnitude, got {value!r}"[:300], name)
-
-
-def _constraints(body: dict, tools: Tools) -> list[tuple]:
+def _constraints(body: dict, tools: Tools, grammars: GrammarCache) -> list[tuple]:
     """The sources of a grammar besides the `grammar` / `regex` / `json_schema` extensions:
-    `response_format` and the tools. A forced call is decoded under the call grammar alone
-    (the format is for a later answer, as OpenAI has it); with tools in "auto" mode, the
-    reply is a call or an answer in the format."""
+    `response_format` and the tools, compiled through `grammars`. A forced call is decoded
+    under the call grammar alone (the format is for a later answer, as OpenAI has it); with
+    tools in "auto" mode, the reply is a call or an answer in the format."""
     schema = _response_schema(body.get("response_format"))
     choice = "function_call" if tools.legacy else "tool_choice"
     if tools.mode == "required":
-        if schema is not None:  # checked now, though this reply is a call
+        if schema is not None:  # compiled now, though this reply is a call: kept for the answer that follows
             try:
-                json_schema_to_gbnf(schema)
-            except (ValueError, RecursionError) as e:
-                raise RequestError(f"response_format: {e}", "response_format") from None
-        build = lambda: tool_call_grammar(tools.definitions, tools.forced, legacy=tools.legacy)  # noqa: E731
+                compile_constraint([("response_format", "json_schema", schema)], grammars=grammars)
+            except FieldError as e:
+                raise RequestError(str(e), e.field) from None
+        build = lambda: tool_call_grammar(tools.definitions, tools.forced, legacy=tools.legacy,  # noqa: E731
+                                          grammars=grammars)
         return [(choice, build, [tools.definitions, tools.forced])]
     if schema is None:
         return []
     if tools.mode == "auto":
-        build = lambda: call_or_answer_grammar(tools.definitions, schema, legacy=tools.legacy)  # noqa: E731
+        build = lambda: call_or_answer_grammar(tools.definitions, schema, legacy=tools.legacy,  # noqa: E731
+                                               grammars=grammars)
         return [("response_format", build, [tools.definitions, schema])]
     return [("response_format", "json_schema", schema)]
 
@@ -388,17 +371,10 @@ def _response_schema(fmt) -> dict | bool | None:
 def _request(body: dict, logprobs: int | None, constraints: list[tuple], ctx: Context):
     """The request's sampling parameters, grammar and stop strings (`tiny_llm.request`)."""
     given = {name: body[name] for name in EXTENSIONS if body.get(name) is not None}
-    for name in FLOAT_PARAMS & set(given):
-        _check_float32(name, given[name])
-    if "top_k" in given:
-        check_field("top_k", given["top_k"], lambda v: check_int("top_k", v, minimum=0, maximum=MAX_TOP_K))
-    temperature = given.get("temperature")
+    temperature = given.get("temperature")  # SamplingParams checks the rest of it, as every other field
     if isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature > MAX_TEMPERATURE:
         raise RequestError(f"temperature must be between 0 and {MAX_TEMPERATURE}, as OpenAI's API allows, "
                            f"got {temperature!r}"[:300], "temperature")
-    if body.get("logit_bias") is not None and not isinstance(body["logit_bias"], dict):
-        raise RequestError(f"logit_bias must be an object of token id to bias, got {body['logit_bias']!r}"[:300],
-                           "logit_bias")
     given.setdefault("temperature", 1.0)  # OpenAI's default
     for name in ("samplers", "order", "logit_bias", "stop", "grammar", "regex", "json_schema"):
         if body.get(name) is not None:

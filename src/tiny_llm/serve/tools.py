@@ -10,14 +10,16 @@ the format `TOOLS_PREAMBLE` describes, and writes earlier calls and results as t
 
 The deprecated `functions` / `function_call` fields are the same tools spelled the old way:
 `tools_of_functions` and `check_function_call` read them into the new shape.
+
+Tests: tests/test_serve_text.py, tests/test_serve_agents.py
 """
 
 import json
 import re
 from collections.abc import Mapping, Sequence
 
-from ..constrain import Grammar, json_schema_to_gbnf
-from ..request import FieldError
+from ..constrain import Grammar
+from ..request import FieldError, GrammarCache
 from .text import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 TOOLS_PREAMBLE = """\
@@ -35,7 +37,7 @@ The results come back between <tool_response> and </tool_response>."""
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # a function's name, as OpenAI's API allows it
 
 
-class ToolError(FieldError):
+class ToolFieldError(FieldError):
     """A malformed `tools`, `tool_choice`, `functions` or `function_call`; `field` names the
     field at fault."""
 
@@ -46,15 +48,15 @@ def _where(i: int, legacy: bool = False) -> str:
     return f"functions[{i}]" if legacy else f"tools[{i}].function"
 
 
-def check_tools(tools) -> list[dict]:
+def parse_tools(tools) -> list[dict]:
     """OpenAI function definitions, checked: `[{"type": "function", "function": {"name",
     "description"?, "parameters"?}}]`."""
     if not isinstance(tools, list) or not tools:
-        raise ToolError(f"tools must be a non-empty list of function definitions, got {tools!r}", "tools")
+        raise ToolFieldError(f"tools must be a non-empty list of function definitions, got {tools!r}", "tools")
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise ToolError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}, got {tool!r}',
-                            f"tools[{i}]")
+            raise ToolFieldError(f'tools[{i}] must be {{"type": "function", "function": {{...}}}}, got {tool!r}',
+                                 f"tools[{i}]")
     _check_functions([t["function"] for t in tools], legacy=False)
     return tools
 
@@ -63,12 +65,12 @@ def tools_of_functions(functions) -> list[dict]:
     """The deprecated `functions: [{"name", "description"?, "parameters"?}]`, checked, as
     `tools`."""
     if not isinstance(functions, list) or not functions:
-        raise ToolError(f"functions must be a non-empty list of function definitions, got {functions!r}",
-                        "functions")
+        raise ToolFieldError(f"functions must be a non-empty list of function definitions, got {functions!r}",
+                             "functions")
     for i, function in enumerate(functions):
         if not isinstance(function, dict):
-            raise ToolError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}}, got {function!r}',
-                            f"functions[{i}]")
+            raise ToolFieldError(f'functions[{i}] must be {{"name": ..., "parameters": {{...}}}}, got {function!r}',
+                                 f"functions[{i}]")
     _check_functions(functions, legacy=True)
     return [{"type": "function", "function": function} for function in functions]
 
@@ -79,10 +81,11 @@ def _check_functions(functions: list[dict], legacy: bool) -> None:
         at = _where(i, legacy)
         problem = name_problem(function.get("name"), at, names)
         if problem:
-            raise ToolError(problem, f"{at}.name")
+            raise ToolFieldError(problem, f"{at}.name")
         parameters = function.get("parameters", {"type": "object"})
         if not isinstance(parameters, dict):
-            raise ToolError(f"{at}.parameters must be a JSON schema object, got {parameters!r}", f"{at}.parameters")
+            raise ToolFieldError(f"{at}.parameters must be a JSON schema object, got {parameters!r}",
+                                 f"{at}.parameters")
 
 
 def name_problem(name, where: str, seen: set[str]) -> str | None:
@@ -103,12 +106,12 @@ def check_tool_choice(choice, tools: list[dict] | None) -> tuple[str, str | None
         return ("auto" if tools else "none"), None
     if choice in ("none", "auto", "required"):
         if choice != "none" and not tools:
-            raise ToolError(f"tool_choice {choice!r} needs tools", "tool_choice")
+            raise ToolFieldError(f"tool_choice {choice!r} needs tools", "tool_choice")
         return choice, None
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         return "required", _known(choice["function"].get("name"), tools, "tool_choice", "tools")
-    raise ToolError(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": '
-                    f'{{"name": ...}}}}, got {choice!r}', "tool_choice")
+    raise ToolFieldError(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": '
+                         f'{{"name": ...}}}}, got {choice!r}', "tool_choice")
 
 
 def check_function_call(choice, tools: list[dict] | None) -> tuple[str, str | None]:
@@ -118,95 +121,68 @@ def check_function_call(choice, tools: list[dict] | None) -> tuple[str, str | No
         return ("auto" if tools else "none"), None
     if choice in ("none", "auto"):
         if choice == "auto" and not tools:
-            raise ToolError('function_call "auto" needs functions', "function_call")
+            raise ToolFieldError('function_call "auto" needs functions', "function_call")
         return choice, None
     if isinstance(choice, dict) and "name" in choice:
         return "required", _known(choice["name"], tools, "function_call", "functions")
-    raise ToolError(f'function_call must be "none", "auto" or {{"name": ...}}, got {choice!r}', "function_call")
+    raise ToolFieldError(f'function_call must be "none", "auto" or {{"name": ...}}, got {choice!r}', "function_call")
 
 
 def _known(name, tools: list[dict] | None, field: str, among: str) -> str:
     known = [t["function"]["name"] for t in tools or []]
     if name not in known:
-        raise ToolError(f"{field} names function {name!r}, which is not among the {among} "
-                        f"({', '.join(map(repr, known)) or 'none given'})", field)
+        raise ToolFieldError(f"{field} names function {name!r}, which is not among the {among} "
+                             f"({', '.join(map(repr, known)) or 'none given'})", field)
     return name
 
 
-def tool_call_gbnf(tools: list[dict], name: str | None = None, *, legacy: bool = False) -> str:
-    """GBNF text (start rule `root`) for exactly one call block whose JSON names one of
-    `tools` (or `name`) and whose arguments validate against that function's `parameters`
-    schema; JSON on one line. A schema that does not compile is a `ToolError` naming the
-    function's `parameters` (`legacy`: as the deprecated `functions` names them)."""
-    rules, calls = [], []
+# A call's JSON, `{"name": ..., "arguments": ...}`, laid out as the schema compiler writes
+# compact JSON (`Grammar.from_json_schema(..., compact=True)`): each token followed by at
+# most one blank. The arguments' grammar ends with its own blank.
+_BLANK = Grammar('root ::= | " "')
+
+
+def _json_tokens(*tokens: str) -> Grammar:
+    """`tokens` one after another, each followed by at most one blank."""
+    return Grammar.concat(*(part for token in tokens for part in (Grammar.literal(token), _BLANK)))
+
+
+_OPEN, _CLOSE = Grammar.literal(TOOL_CALL_OPEN + "\n"), Grammar.literal("\n" + TOOL_CALL_CLOSE)
+_CALL_END = _json_tokens("}")
+
+
+def tool_call_grammar(tools: list[dict], name: str | None = None, *, legacy: bool = False,
+                      grammars: GrammarCache | None = None) -> Grammar:
+    """Exactly one call block whose JSON names one of `tools` (or `name`) and whose arguments
+    validate against that function's `parameters` schema, JSON on one line: the reply of a
+    forced call. Each schema is compiled once through `grammars` (keyed by its canonical
+    JSON); one that does not compile is a `ToolFieldError` naming the function's
+    `parameters` (`legacy`: as the deprecated `functions` names them)."""
+    grammars = GrammarCache() if grammars is None else grammars
+    calls = []
     for i, tool in enumerate(tools):
         function = tool["function"]
         if name is not None and function["name"] != name:
             continue
-        # The parameters move under the call's $defs; their local references ('#',
-        # '#/$defs/...', any '#/...') are rewritten to point where the schema now is.
-        call = {
-            "type": "object",
-            "properties": {"name": {"const": function["name"]}, "arguments": {"$ref": "#/$defs/arguments"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-            "$defs": {"arguments": _moved(function.get("parameters", {"type": "object"}), "#/$defs/arguments")},
-        }
         try:
-            text = json_schema_to_gbnf(call, compact=True)
+            arguments = grammars.of_kind("json_schema", function.get("parameters", {"type": "object"}), compact=True)
         except (ValueError, RecursionError) as e:
             at = f"{_where(i, legacy)}.parameters"
-            raise ToolError(f"{at}: {e}", at) from None
-        rules.append(prefixed(text, f"tool-{i}-"))
-        calls.append(f"tool-{i}-root")
-    block = f"{json.dumps(TOOL_CALL_OPEN + chr(10))} ({' | '.join(calls)}) {json.dumps(chr(10) + TOOL_CALL_CLOSE)}"
-    return "".join([f"root ::= {block}\n", *rules])
+            raise ToolFieldError(f"{at}: {e}", at) from None
+        head = _json_tokens("{", '"name"', ":", json.dumps(function["name"]), ",", '"arguments"', ":")
+        calls.append(Grammar.concat(head, arguments, _CALL_END))
+    return Grammar.concat(_OPEN, Grammar.union(*calls), _CLOSE)
 
 
-def tool_call_grammar(tools: list[dict], name: str | None = None, *, legacy: bool = False) -> Grammar:
-    """The grammar of `tool_call_gbnf`: the reply of a forced call."""
-    return Grammar(tool_call_gbnf(tools, name, legacy=legacy))
-
-
-def call_or_answer_grammar(tools: list[dict], schema: dict | bool, *, legacy: bool = False) -> Grammar:
+def call_or_answer_grammar(tools: list[dict], schema: dict | bool, *, legacy: bool = False,
+                           grammars: GrammarCache | None = None) -> Grammar:
     """Either one call block, exactly as `tool_call_grammar` allows it, or JSON that validates
-    against `schema` (as `response_format` alone allows it): the reply of a request with tools
-    in "auto" mode and a structured `response_format`."""
-    calls = prefixed(tool_call_gbnf(tools, legacy=legacy), "call-")
-    answer = prefixed(json_schema_to_gbnf(schema), "answer-")
-    return Grammar(f"root ::= call-root | answer-root\n{calls}\n{answer}\n")
-
-
-# The pieces of GBNF text: string literals, character classes, comments, repetition counts
-# (all left as they are) and rule names (group 1).
-_GBNF_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|\{[^}]*\}|([A-Za-z0-9_-]+)')
-
-
-def prefixed(gbnf: str, prefix: str) -> str:
-    """`gbnf` with `prefix` before every rule name, where it is defined and where it is used:
-    grammars given different prefixes share one text without their rules colliding."""
-    return _GBNF_PIECE.sub(lambda m: prefix + m[0] if m[1] else m[0], gbnf)
-
-
-# Keywords whose values are data, not schemas: a "$ref" inside them is not a reference.
-_DATA_KEYWORDS = ("const", "enum", "default", "examples")
-
-
-def _moved(schema, base: str):
-    """`schema` with every local `$ref` made relative to `base` (where it is moved to)."""
-    if isinstance(schema, list):
-        return [_moved(s, base) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            out[key] = base + value[1:]
-        elif key in _DATA_KEYWORDS:
-            out[key] = value
-        else:
-            out[key] = _moved(value, base)
-    return out
+    against `schema` (as `response_format` alone allows it, the same grammar through
+    `grammars`): the reply of a request with tools in "auto" mode and a structured
+    `response_format`."""
+    grammars = GrammarCache() if grammars is None else grammars
+    calls = tool_call_grammar(tools, legacy=legacy, grammars=grammars)
+    return Grammar.union(calls, grammars.of_kind("json_schema", schema))
 
 
 def tools_preamble(tools: list[dict]) -> str:
