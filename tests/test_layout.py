@@ -135,7 +135,7 @@ def test_library_and_cli_agree_on_the_public_defaults():
     """The defaults users see in signatures are the constants' values."""
     import tiny_llm
 
-    for fn, name in [(tiny_llm.stream_generate, "max_tokens"), (tiny_llm.generate, "num_draft_tokens"),
+    for fn, name in [(tiny_llm.stream_generate, "max_tokens"), (tiny_llm.stream_generate, "num_draft_tokens"),
                      (tiny_llm.batch_generate, "prefill_step_size"), (tiny_llm.speculative_generate_step,
                                                                        "num_draft_tokens")]:
         assert inspect.signature(fn).parameters[name].default == OWNED[name], (fn.__name__, name)
@@ -169,3 +169,32 @@ def test_the_chapter_on_the_core_maps_every_module():
     named = mapped_modules((PACKAGE.parent.parent / "book" / "docs" / "engine-core.md").read_text())
     assert sorted(modules - named) == [], "modules missing from engine-core.md's layer table"
     assert sorted(named - modules) == [], "the layer table names modules that do not exist"
+
+
+TESTS_LINE = re.compile(r"^Tests: (?P<files>tests/test_\w+\.py(?:, tests/test_\w+\.py)*)$", re.M)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_every_module_names_its_tests(path):
+    """A line `Tests: tests/test_a.py, tests/test_b.py` in each module's docstring leads from a
+    module to its tests: the files exist, and the first one imports the module (or, for a
+    module used only through its package, the package), or is the file of a day it holds."""
+    doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+    match = TESTS_LINE.search(doc)
+    assert match, f"{module_name(path)}: no 'Tests: tests/test_....py, ...' line in its docstring"
+    files = match["files"].split(", ")
+    root = PACKAGE.parent.parent
+    assert all((root / f).is_file() for f in files), [f for f in files if not (root / f).is_file()]
+    first = (root / files[0]).read_text()
+    day = re.match(r"tests/test_week(\d)_day(\d)\.py", files[0])
+    if day and HEADER.match(doc)["days"]:
+        assert (day[1], day[2]) in named_days(HEADER.match(doc)["days"]), (module_name(path), files[0])
+        return
+    names = module_name(path).split(".")
+    if names[-1] == "__main__":  # run as `python -m ...`
+        names = names[:-1]
+    held = [".".join(names[:i]) for i in range(len(names), 1, -1)] or names  # the module, then its packages
+    imports = [rf"\b{re.escape(n)}\b" for n in held] + [
+        rf"from {re.escape('.'.join(names[:i - 1]))} import [^\n]*\b{re.escape(names[i - 1])}\b"
+        for i in range(len(names), 1, -1)]
+    assert any(re.search(p, first) for p in imports), f"{files[0]} does not import {module_name(path)}"

@@ -4,6 +4,8 @@ The public names are here, as in mlx-lm: `tiny_llm.load`, `tiny_llm.generate`,
 `tiny_llm.SamplingParams`, `tiny_llm.batch_generate`, ... The package imports their modules
 lazily (PEP 562): `import tiny_llm.basics` loads the week 1 building blocks alone, so a
 mistake in a later day's module cannot break an earlier day.
+
+Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_grader.py
 """
 
 import importlib

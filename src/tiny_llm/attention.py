@@ -1,4 +1,7 @@
-"""Course: week 1 days 1 and 3 — scaled dot-product attention: plain (day 1), grouped-query (day 3)."""
+"""Course: week 1 days 1 and 3 — scaled dot-product attention: plain (day 1), grouped-query (day 3).
+
+Tests: tests/test_week1_day1.py, tests/test_week1_day3.py, tests/test_progress.py
+"""
 
 import math
 

@@ -15,6 +15,8 @@ caches and of the sampler, and its next-token logits. Rows leave it (`filter`) a
     while gen.has_work():
         for r in gen.step():
             print(r.uid, r.text, r.finish_reason)
+
+Tests: tests/test_week2_day4.py, tests/test_week2_day5.py, tests/test_progress.py
 """
 
 from collections.abc import Sequence

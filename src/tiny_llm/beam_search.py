@@ -28,6 +28,8 @@ each writes; on a dense cache the rows are gathered (copied).
 
     hyps = beam_search(model, tokenizer, "The capital of France is", num_beams=4, max_tokens=8)
     print(hyps[0].text, hyps[0].score)
+
+Tests: tests/test_progress.py, tests/test_architectures.py, tests/test_beam_search.py
 """
 
 import math

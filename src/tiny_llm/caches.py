@@ -4,6 +4,8 @@ Every cache the engine makes comes from `make_prompt_cache` (as in mlx-lm): the 
 `make_cache()`, a batch's left-padded prefill, and the views of a page pool that the prefix
 cache, the paged batch and beam search run on. The paged module loads only when pages are
 asked for (week 3).
+
+Tests: tests/test_caches.py, tests/test_models.py, tests/test_week3_day4.py
 """
 
 from collections.abc import Sequence

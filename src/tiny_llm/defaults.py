@@ -1,5 +1,8 @@
 """Engine — the defaults of generation, each written once: the library's signatures and the
-command line's flags read them from here, so the two cannot disagree."""
+command line's flags read them from here, so the two cannot disagree.
+
+Tests: tests/test_layout.py, tests/test_request.py, tests/test_serve_engine.py
+"""
 
 from dataclasses import asdict, dataclass
 

@@ -1,4 +1,7 @@
-"""Course: week 1 day 5 — token embedding, also usable as the tied output projection."""
+"""Course: week 1 day 5 — token embedding, also usable as the tied output projection.
+
+Tests: tests/test_week1_day5.py, tests/test_progress.py
+"""
 
 import mlx.core as mx
 

@@ -1,4 +1,7 @@
-"""Engine — where the caches live (converted models, built kernels) and how processes share them."""
+"""Engine — where the caches live (converted models, built kernels) and how processes share them.
+
+Tests: tests/test_progress.py
+"""
 
 import contextlib
 import fcntl

@@ -2,6 +2,8 @@
 
 Each class or function takes the same arguments as its hand-written counterpart, so the
 model swaps them in with `fused=True` and computes the same values (up to rounding).
+
+Tests: tests/test_week2_day3.py
 """
 
 import math

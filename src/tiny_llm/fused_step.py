@@ -15,6 +15,8 @@ values in place.
 no per-head norms, RoPE over the whole head, float or 4/8-bit weights), with a `KVCache` or a
 paged cache, on a CPU with the kernels built and this day done. Everything else, and
 `--no-kernels`, runs on MLX ops as before.
+
+Tests: tests/test_week2_day7.py, tests/test_fused_step.py, tests/test_week3_day6.py
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ statistics; `generate` returns the whole text. Names and meanings follow `mlx_lm
 What `stream_generate` runs around `generate_step` (checks, the prefix cache's pages,
 speculative decoding, the sampling engine, the responses) is the engine's, in
 `tiny_llm.streaming`.
+
+Tests: tests/test_week1_day6.py, tests/test_week2_day2.py, tests/test_progress.py
 """
 
 from collections.abc import Callable, Generator, Iterable, Sequence

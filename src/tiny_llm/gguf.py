@@ -2,6 +2,8 @@
 
 A GGUF file is converted once into a cache directory (`files.cache_root()`) in mlx-lm's
 format, so that `tiny_llm.load` and `mlx_lm.load` read the very same files.
+
+Tests: tests/test_loader.py, tests/test_progress.py
 """
 
 import hashlib

@@ -1,4 +1,7 @@
-"""Engine — Hugging Face hub: repo ids, resolved to a local directory (downloaded if need be)."""
+"""Engine — Hugging Face hub: repo ids, resolved to a local directory (downloaded if need be).
+
+Tests: tests/test_progress.py
+"""
 
 import os
 from pathlib import Path

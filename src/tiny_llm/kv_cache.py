@@ -6,6 +6,8 @@ model one new token instead of the whole sequence.
 `KVCache` holds one sequence (or a batch of sequences of the same length); `BatchKVCache`
 holds a batch of left-padded sequences of different lengths, and lets rows leave
 (`filter`) and join (`extend`) between decode steps.
+
+Tests: tests/test_week2_day2.py, tests/test_week2_day4.py, tests/test_week2_day5.py
 """
 
 import mlx.core as mx

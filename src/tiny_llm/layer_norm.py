@@ -1,4 +1,7 @@
-"""Course: week 1 day 4 — RMS normalisation."""
+"""Course: week 1 day 4 — RMS normalisation.
+
+Tests: tests/test_week1_day4.py, tests/test_progress.py
+"""
 
 import mlx.core as mx
 

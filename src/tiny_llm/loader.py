@@ -3,6 +3,8 @@
 `resolve` turns a name into a local mlx-lm-format directory: GGUF files (and the default
 model's) are converted by `tiny_llm.gguf`, repo ids fetched by `tiny_llm.hub`; `load_model`
 builds the model from that directory.
+
+Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_course_tools.py
 """
 
 import json

@@ -6,6 +6,8 @@ that requests are checked against (`args.vocab_size`, `args.max_position_embeddi
 `Qwen2Model` offers all of it; a test's stand-in offers what the path it drives uses.
 Generation, batching, beam search and speculative decoding import from here, and nothing
 here imports them: the import graph stays a DAG.
+
+Tests: tests/test_week2_day2.py, tests/test_beam_search.py, tests/test_layout.py
 """
 
 import contextlib

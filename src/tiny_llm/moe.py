@@ -7,6 +7,8 @@ weighted by the router's probabilities. Only k of the X experts' weights are rea
 Qwen3-30B-A3B holds 30B parameters and computes with 3B.
 
 Qwen2-MoE adds a shared expert that every token goes through, scaled by a sigmoid gate.
+
+Tests: tests/test_week3_day4.py
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ cache contract the model uses: attention gathers each row's pages into a dense `
     cache = [PagedKVCache(pool, layer, [table]) for layer in range(len(model.layers))]
     logits = model(tokens, cache=cache)       # fills table's pages in every layer
     table.release()                           # the pages go back to the pool
+
+Tests: tests/test_week3_day2.py, tests/test_cache_errors.py, tests/test_fused_step.py
 """
 
 import mlx.core as mx

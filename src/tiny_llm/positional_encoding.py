@@ -1,4 +1,7 @@
-"""Course: week 1 day 2 — rotary positional encoding (RoPE)."""
+"""Course: week 1 day 2 — rotary positional encoding (RoPE).
+
+Tests: tests/test_week1_day2.py, tests/test_models.py, tests/test_progress.py
+"""
 
 import math
 

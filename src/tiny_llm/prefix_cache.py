@@ -14,6 +14,8 @@ while they take more than `max_bytes`; a page some request holds is never evicte
     table = cache.lookup(prompt)       # table.length positions are already there
     ...                                # prefill prompt[table.length:], decode
     cache.release(table, tokens)       # keep its pages for the next request, free the rest
+
+Tests: tests/test_week3_day3.py, tests/test_cache_errors.py, tests/test_week4_day5.py
 """
 
 import hashlib

@@ -6,6 +6,8 @@ needs a missing day can say which.
 In the finished engine every day is implemented and every check answers True. In a
 student's starter an exercise not yet written raises `NotImplementedError("weekW-dayD: ...")`;
 a probe calls the day's code on tiny inputs and looks for exactly that.
+
+Tests: tests/test_progress.py
 """
 
 import re

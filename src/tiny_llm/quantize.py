@@ -3,6 +3,8 @@
 A row of `I` values is cut into groups of `group_size`; each value is stored as a `bits`-bit
 integer q, and stands for `scale * q + bias` of its group. 32 // bits integers are packed
 into each uint32, lowest bits first (MLX's layout).
+
+Tests: tests/test_week2_day1.py, tests/test_loader.py, tests/test_models.py
 """
 
 from dataclasses import dataclass

@@ -6,6 +6,8 @@ biases; Qwen3 drops them too and normalises each head's queries and keys before 
 (`q_norm`, `k_norm`). Qwen2-MoE and Qwen3-MoE replace the MLP of their sparse layers with
 a mixture of experts (`moe.py`, week 3 day 4). A weight may be kept quantized (`Weight`: an
 array or a `QuantizedWeight`); `project` multiplies with either.
+
+Tests: tests/test_week1_day3.py, tests/test_week1_day4.py, tests/test_week1_day5.py
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ plugged in by `tiny_llm.batch.BatchGenerator`, the public name.
 
 `batch_jobs` and `run_jobs` are `batch_generate`'s two halves: the prompts' checks and a
 fixed list of requests run to the end.
+
+Tests: tests/test_batch.py, tests/test_week2_day4.py, tests/test_week2_day5.py
 """
 
 import time

@@ -10,6 +10,8 @@ engine's distribution after its whole chain), whatever the drafter proposes.
 Drafters: a second model sharing the tokenizer (its distribution after the same chain), or
 prompt lookup, which proposes the tokens that followed the latest earlier occurrence of the
 last few tokens (a point mass: `q(x) = 1`).
+
+Tests: tests/test_week3_day1.py, tests/test_layout.py, tests/test_progress.py
 """
 
 from collections.abc import Generator

@@ -5,6 +5,8 @@ over these pieces: `open_request` checks the request and takes the prompt's page
 prefix cache, `choose_tokens` adapts the sampling engine to `generate_step` (or
 `speculative_steps` replaces it), and `Generation.responses` turns the steps into
 `GenerationResponse`s. Nothing here imports `tiny_llm.generate`: the import graph stays a DAG.
+
+Tests: tests/test_generate.py
 """
 
 import time

@@ -14,6 +14,8 @@ Megatron's recipe, on MLX's own distributed layer (`mx.distributed`, processes s
 So a sub-layer's output is the sum over ranks of what each rank computes: one `all_sum`
 after the attention and one after the MLP. Every rank then holds the same activations and
 the same logits, and samples the same token.
+
+Tests: tests/test_week3_day5.py
 """
 
 from __future__ import annotations

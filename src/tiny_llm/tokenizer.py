@@ -1,4 +1,7 @@
-"""Engine — tokenizers: Hugging Face `tokenizer.json` files, GGUF vocabularies, chat templates."""
+"""Engine — tokenizers: Hugging Face `tokenizer.json` files, GGUF vocabularies, chat templates.
+
+Tests: tests/test_constrain_grammar.py, tests/test_loader.py, tests/test_progress.py
+"""
 
 import json
 from collections.abc import Mapping, Sequence

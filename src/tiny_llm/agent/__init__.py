@@ -7,4 +7,6 @@ the security boundary of `boundary`, receipts; with `tools`, `files`, `blobs`, `
 compaction, steering), day 4 `evaluate` (tasks, held-out checks, reports), day 5 `fork`
 (branches on a shared prefix, select one); `models` puts the engine, an OpenAI-compatible
 endpoint or a script behind `core.Model`.
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """

@@ -9,6 +9,8 @@ An action is `{"tool": NAME, "args": {...}}`. The schema is a tagged union: each
 are disjoint and `tiny_llm.constrain` compiles the union exactly. A model decoding under its
 grammar cannot write anything else; `parse_action` is for every other source (an endpoint
 that does not enforce schemas, a script) and says what is wrong in one line.
+
+Tests: tests/test_week4_day1.py, tests/test_week4_day2.py
 """
 
 from __future__ import annotations

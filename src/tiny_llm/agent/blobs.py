@@ -5,6 +5,8 @@ digests receipts record, and undo, which puts kept bytes back.
     store = BlobStore(blob_dir)
     digest = file_digest(boundary, store, "src/app.py")   # and its bytes are kept
     restore(boundary, store, {"src/app.py": digest, "new.py": None})
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

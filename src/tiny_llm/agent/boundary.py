@@ -12,6 +12,8 @@ it is found on a PATH the agent cannot plant programs on, gets an environment wi
 the parent's secrets, starts in the root, and runs in the machine's sandbox (`sandbox.py`) —
 or, where none can be made, is refused unless the boundary was made `unsandboxed=True`.
 Everything else the workspace does goes through these two doors.
+
+Tests: tests/test_week4_day2.py
 """
 
 from __future__ import annotations

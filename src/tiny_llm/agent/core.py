@@ -2,6 +2,8 @@
 events of a run log and the error a tool raises when it cannot do what it was asked. Week 4's
 days build on these (`actions`, `loop`, `workspace`, `session`, `evaluate`, `fork`); nothing
 here decides anything.
+
+Tests: tests/test_week4_day3.py, tests/test_week4_day1.py, tests/test_week4_day2.py
 """
 
 from __future__ import annotations

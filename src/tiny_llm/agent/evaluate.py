@@ -13,6 +13,8 @@ A task is a folder:
     tasks = load_tasks(Path("examples/agent-tasks"))
     report = evaluate(tasks, lambda task, i: ScriptedModel(...), runs=2, seed=0, out=Path("eval"))
     print(format_report(report))    # also in eval/report.json
+
+Tests: tests/test_week4_day4.py
 """
 
 from __future__ import annotations

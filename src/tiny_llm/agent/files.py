@@ -5,6 +5,8 @@ and walking a folder without following symlinks.
 Paths reach these functions after `Boundary.resolve` let them through; what they add is what
 a check cannot promise about the moment after it (a FIFO put where a file was, a process
 killed in the middle of a write).
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

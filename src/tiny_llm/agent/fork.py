@@ -12,6 +12,8 @@ by the branches' models, the conversation is prefilled once: each later branch's
 finds its pages in the cache. Each branch acts on its own copy of the workspace and writes
 its own run log (`run_dir/branch-<i>.jsonl`); `run_dir/select.json` records every branch's
 outcome, check failures and tokens, the chosen branch and the reason in words.
+
+Tests: tests/test_week4_day5.py
 """
 
 from __future__ import annotations

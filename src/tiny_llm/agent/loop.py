@@ -13,6 +13,8 @@ an "error" event and the run's end. The log is the run's checkpoint: every event
 written, flushed and fsynced before the loop goes on, so a run killed at any instant leaves a
 log that `session.resume` continues from. A model that keeps proposing an action that was
 refused is told so, and `Limits.repeats` such proposals in a row end the run.
+
+Tests: tests/test_week4_day1.py, tests/test_week4_day3.py, tests/test_agent_cli.py
 """
 
 from __future__ import annotations

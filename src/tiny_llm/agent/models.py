@@ -6,6 +6,8 @@
 
 Each turns a conversation (chat messages) and the action schema into one `Proposal`: the
 text of one action and its token counts.
+
+Tests: tests/test_week4_day3.py, tests/test_week4_day1.py, tests/test_week4_day4.py
 """
 
 from __future__ import annotations

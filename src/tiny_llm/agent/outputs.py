@@ -1,6 +1,8 @@
 """Engine — outputs as the model reads them: bytes as text, and where a preview's head ends
 and its tail starts (at a line break when one is near, never inside a UTF-8 character).
 `Workspace.cut` builds the preview of a long output from these.
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

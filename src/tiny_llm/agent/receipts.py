@@ -1,6 +1,8 @@
 """Engine — what an effect may touch: the paths whose digests its receipt records before and
 after it (and a run log records before it starts, so a resumed run can tell whether the
 effect happened).
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

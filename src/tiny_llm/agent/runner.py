@@ -8,6 +8,8 @@ running, and say how it ended as a typed `CommandResult`.
 
 While a command runs, its process group and start time are noted in `record`, so an agent
 killed in the middle can have the command killed when it resumes (`reap`).
+
+Tests: tests/test_week4_day2.py
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ loopback), no capabilities, and the sandbox killed when the agent dies. On macOS
 `seatbelt_profile` writes the same policy as a `sandbox-exec` profile. `CommandLimits`
 are the resource limits every command runs under (CPU seconds, memory, processes, file
 size, open files), set in the child before it starts the program.
+
+Tests: tests/test_week4_day2.py, tests/test_agent_sandbox.py
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ for again, and an effect the workspace already shows is not performed again), an
 goes on. `compact` replaces a conversation's completed old turns by a summary made from the
 receipts, the same summary for the same turns, so a replay that meets a "compaction" event
 rebuilds the very messages the run went on with.
+
+Tests: tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 schemas of their arguments. The schemas are what day 1 compiles into the decoding grammar
 and what `actions.check_value` checks every call against; the descriptions say the
 workspace's policy (which paths are editable, which commands are allowed).
+
+Tests: tests/test_week4_day2.py
 """
 
 from __future__ import annotations

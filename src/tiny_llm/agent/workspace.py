@@ -17,6 +17,8 @@ A command runs under resource limits (`runner.py`) and its receipt records how i
 (exit status, time limit, output dropped). Every file an effect may change is kept in the
 blob store before and after it (by content: an unchanged file costs nothing), so any step can
 be undone (`restore`).
+
+Tests: tests/test_week4_day2.py, tests/test_week4_day3.py, tests/test_week4_day5.py
 """
 
 from __future__ import annotations

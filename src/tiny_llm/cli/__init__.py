@@ -4,6 +4,8 @@ One module per command, each with `add_parser(commands)` and `run(args)`; `optio
 the option groups they share and `common` the rest. This module builds the parser and runs a
 command in the process's lifecycle: one-line user errors, a starter's missing day, and the
 ranks of `mlx.launch`.
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
 """
 
 import argparse

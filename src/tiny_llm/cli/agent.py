@@ -11,6 +11,8 @@ OpenAI-compatible endpoint (`--base-url`), or a script of actions (`--scripted`)
 run in the operating system's sandbox (bubblewrap, Seatbelt), or are refused where there is
 none unless `--unsandboxed-commands` is given. Every argument is checked before a model
 loads; bad input is one line and exit status 2.
+
+Tests: tests/test_agent_cli.py, tests/test_week4_day4.py
 """
 
 import argparse

@@ -1,5 +1,8 @@
 """Engine — `tiny-llm batch`: many prompts at once, from a file of lines or JSON lines, each
-with its own sampling fields (continuous batching)."""
+with its own sampling fields (continuous batching).
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
+"""
 
 import argparse
 import json

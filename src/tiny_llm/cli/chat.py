@@ -1,5 +1,8 @@
 """Engine — `tiny-llm chat`: an interactive conversation, each turn prefilling only what the
-prefix cache does not hold of it."""
+prefix cache does not hold of it.
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
+"""
 
 import argparse
 import sys

@@ -1,6 +1,9 @@
 """Engine — what the commands of the command line share: user errors, loading the model with
 the course's day gates, the chat template, prompts that fit the context, printing a reply
-as it streams, and statistics."""
+as it streams, and statistics.
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
+"""
 
 import sys
 import time

@@ -1,5 +1,8 @@
 """Engine — `tiny-llm generate`: a reply to one prompt, sampled, by beam search, or with
-speculative decoding."""
+speculative decoding.
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
+"""
 
 import argparse
 import sys

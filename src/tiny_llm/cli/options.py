@@ -1,5 +1,8 @@
 """Engine — the command line's option groups (model, prefill, caches, sampling), and what they
-turn into: a request from `tiny_llm.request` and the batch's `BatchSettings`."""
+turn into: a request from `tiny_llm.request` and the batch's `BatchSettings`.
+
+Tests: tests/test_request.py, tests/test_cli.py, tests/test_fuzz.py
+"""
 
 import argparse
 import re

@@ -1,5 +1,8 @@
 """Engine — `tiny-llm serve`: the OpenAI-compatible HTTP server on uvicorn (rank 0 listens; the
-other ranks of a tensor-parallel server follow it)."""
+other ranks of a tensor-parallel server follow it).
+
+Tests: tests/test_cli.py, tests/test_progress.py, tests/test_request.py
+"""
 
 import argparse
 import asyncio

@@ -1,4 +1,7 @@
-"""Engine — `tiny-llm smoke`: run the model once on a prompt and show the most likely next tokens."""
+"""Engine — `tiny-llm smoke`: run the model once on a prompt and show the most likely next tokens.
+
+Tests: tests/test_progress.py
+"""
 
 import argparse
 

@@ -5,6 +5,8 @@
 
 `Grammar` parses and runs a grammar over text; `TokenMatcher` turns its states into masks
 over a tokenizer's vocabulary (`TokenTable`).
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_regex.py, tests/test_constrain_json_schema.py
 """
 
 from .grammar import Grammar

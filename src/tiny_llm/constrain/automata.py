@@ -25,6 +25,8 @@ a frame for it, so a long string costs no stack. `spell` turns a set of code poi
 GBNF items that write one of them: `plain` writes the characters themselves, `json_string`
 their spelling inside a JSON string (`"` as `\"`, controls as `\n` or `\u001f`, the way
 `json.dumps(..., ensure_ascii=False)` writes them), so that each string has one spelling.
+
+Tests: tests/test_constrain_numbers.py, tests/test_constrain_regex.py
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ functions below, so what they write is read back as exactly the characters they 
 
 Only escapes that llama.cpp reads too are written (`\" \\ \n \r \t` and the hex ones), so the
 text can be given to llama.cpp as it is.
+
+Tests: tests/test_constrain_grammar.py
 """
 
 from __future__ import annotations

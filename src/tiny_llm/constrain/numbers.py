@@ -39,6 +39,8 @@ numerator (x is a multiple of A/10**d when x * 10**d is an integer divisible by 
 with the same future are merged as they appear, so the building holds few more states than
 the result. An automaton past `limits.MAX_STATES` states raises ValueError naming the range
 and the step.
+
+Tests: tests/test_constrain_numbers.py
 """
 
 from __future__ import annotations

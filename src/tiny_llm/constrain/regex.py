@@ -44,6 +44,8 @@ pattern (the cases where `re.compile` raises).
 Over 600 lines because Python's regex syntax is large: the parser (`_Parser`), the tree's
 simplification and the GBNF printer are one pipeline over one node type, and a search's
 branches (`search_branches`) reuse the parser's tree.
+
+Tests: tests/test_constrain_regex.py, tests/test_constrain_grammar.py
 """
 
 from __future__ import annotations

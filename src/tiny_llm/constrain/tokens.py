@@ -18,6 +18,8 @@ characters, the short tokens' answer is the same 150 characters from the end as 
 only the buckets of long tokens are walked again as the string fills up. An unfinished
 non-ASCII character that the grammar takes whole is one state whatever the character, so
 text in any script shares its masks too.
+
+Tests: tests/test_serve.py
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ and, for the engine, while the day that writes it is not done.
     y = kernels.matmul(x, w)                                                  # x @ w.T
     o = kernels.paged_attention(q, keys, values, pages, starts, page_size=16, scale=0.125)
     o = kernels.dense_attention(q, cache.keys, cache.values, start=cache.offset - L, scale=0.125)
+
+Tests: tests/test_kernels.py, tests/test_progress.py, tests/test_week2_day6.py
 """
 
 import contextlib

@@ -6,6 +6,8 @@ MLX it runs with (a new MLX builds anew), a student's edit of a `.cpp` file buil
 next import, and trees with the same sources (starters of different days) share one build.
 A failed build leaves its reason in `failed.txt`, so later processes do not try again until
 the sources change or `python -m tiny_llm.kernels build` is run.
+
+Tests: tests/test_kernels.py, tests/test_progress.py, tests/test_week2_day6.py
 """
 
 import hashlib

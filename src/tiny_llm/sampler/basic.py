@@ -4,6 +4,8 @@ Every function works on a batch: `logprobs [B, V]`, one distribution per row. Fi
 the same array with the tokens they drop set to `-inf`. The race (`sample_exponential_race`,
 and `sample_gumbel_max`, the same draw in the log domain) takes a temperature per row and
 draws without a sort or a running sum.
+
+Tests: tests/test_week1_day7.py, tests/test_sampler_facade.py
 """
 
 import math

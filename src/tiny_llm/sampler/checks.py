@@ -1,4 +1,7 @@
-"""Engine — argument checks shared by every entry point: one clear `ValueError` each."""
+"""Engine — argument checks shared by every entry point: one clear `ValueError` each.
+
+Tests: tests/test_sampler_engine.py, tests/test_sampler_facade.py, tests/test_sampler_fast.py
+"""
 
 import math
 import numbers

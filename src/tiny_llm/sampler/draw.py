@@ -11,6 +11,8 @@ CPU: they may fall by an ulp over tokens of mass 0, and a sum taken twice in two
 need not agree in the last bit. The draw therefore only ever picks an entry of positive
 mass, and never aims past the largest running value at such an entry. In exact arithmetic
 (and for the CPU's sequential scan) both guards are no-ops: the tokens are the same.
+
+Tests: tests/test_sampler_draw_order.py, tests/test_sampler_engine.py, tests/test_sampler_fast.py
 """
 
 import mlx.core as mx

@@ -5,6 +5,8 @@ occurred earlier immediately followed by t. Tokens with n >= allowed_length lose
 `multiplier * base ** (n - allowed_length)`. A repeat never reaches back past the latest
 sequence breaker, and a token that is itself a one-token breaker is never penalised
 (llama.cpp's rules; multi-token breakers match as exact token sequences).
+
+Tests: tests/test_sampler_engine.py, tests/test_sampler_facade.py, tests/test_sampler_fast.py
 """
 
 from collections.abc import Sequence

@@ -7,6 +7,8 @@ could depend on a token outside the window (a nucleus larger than the window, ti
 window's edge, a min-p threshold below it, no filter at all) is reported for the chain
 (whose top-k and top-p need no sort either: `search.py`), so the result is always the
 same as the reference chain's.
+
+Tests: tests/test_sampler_fast.py, tests/test_sampler_draw_order.py, tests/test_sampler_engine.py
 """
 
 import math

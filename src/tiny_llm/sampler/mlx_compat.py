@@ -12,6 +12,8 @@ accept `tokens [B, T]`, one history per row (mlx-lm applies one shared history t
 row). `apply_top_k` keeps tokens tied with the k-th largest, and so does `min_tokens_to_keep`
 (mlx-lm keeps exactly k, choosing among ties arbitrarily); on logits without ties the
 results are identical.
+
+Tests: tests/test_sampler_facade.py
 """
 
 import math

@@ -3,6 +3,8 @@
 The range of each number field is data (`BOUNDS`, field to `Bound`): `SamplingParams` checks
 it, the command line's --help and the server's OpenAPI description show it. Every value it
 refuses is a `ParamError` that carries its field, which each caller names in its own words.
+
+Tests: tests/test_cli.py, tests/test_request.py, tests/test_sampler_params.py
 """
 
 import math

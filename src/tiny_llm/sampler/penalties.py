@@ -1,4 +1,7 @@
-"""Engine — repetition, presence and frequency penalties: the one home of their formulas."""
+"""Engine — repetition, presence and frequency penalties: the one home of their formulas.
+
+Tests: tests/test_sampler_engine.py, tests/test_sampler_facade.py, tests/test_sampler_fast.py
+"""
 
 import mlx.core as mx
 

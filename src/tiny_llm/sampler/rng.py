@@ -2,6 +2,8 @@
 
 A row's numbers depend only on its own seed and on how many tokens it has drawn, never on
 the other rows of the batch; the same numbers come out on every device.
+
+Tests: tests/test_sampler_draw_order.py
 """
 
 import mlx.core as mx

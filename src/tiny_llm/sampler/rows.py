@@ -3,6 +3,8 @@
 A `Sampler` is a list of `Row`s, one per batch row. Taking rows out of a batch or adding
 rows to it is a list operation; each row carries its own seed, draw counter, mirostat
 estimate and grammar state, so it goes on where it was.
+
+Tests: tests/test_sampler_engine.py
 """
 
 import copy

@@ -18,6 +18,8 @@ bit: `stages.top_k` and `stages.top_p` stay the oracle, and these are what the e
 The selections run on the host with NumPy (zero-copy on MLX's CPU device and on unified
 memory); MLX computes everything that involves the probabilities, so they are the numbers
 every other path uses.
+
+Tests: tests/test_sampler_search.py
 """
 
 import math

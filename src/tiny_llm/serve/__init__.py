@@ -7,6 +7,8 @@
 `protocol` checks requests, `engine` runs the one engine thread, `app` is the HTTP layer
 (Starlette on uvicorn), `text` finds stop strings and tool calls, `tools` puts tools in the
 prompt and forces calls with a grammar, `metrics` counts for Prometheus.
+
+Tests: tests/test_serve_fuzz.py, tests/test_serve_responses.py, tests/test_serve_text.py
 """
 
 from ..defaults import BatchSettings

@@ -8,6 +8,8 @@ message, `tool_use` blocks an assistant's tool calls, `tool_result` blocks tool 
 documents, thinking, server tools, containers, ...) is refused by name with a 400, never
 dropped. The answer (`MessageReply`) is a message of text and `tool_use` content blocks,
 whole or as Anthropic's named Server-Sent Events; errors come in Anthropic's shape.
+
+Tests: tests/test_serve_anthropic.py, tests/test_serve_fuzz.py
 """
 
 import json

@@ -3,6 +3,8 @@
 Handlers read and check requests (`protocol.parse`, no MLX), hand them to the engine
 thread, and turn its events into each API's response shapes (`reply.py`): one JSON
 answer, or Server-Sent Events with `stream: true`.
+
+Tests: tests/test_serve_fuzz.py
 """
 
 import asyncio

@@ -5,6 +5,8 @@ job's `Handle`; the engine thread inserts jobs into its `BatchGenerator` between
 steps, runs the steps, finds stop strings and tool calls in each choice's text, and hands
 every piece to the handler's event loop. A cancelled job (its client went away) leaves the
 batch before the next step.
+
+Tests: tests/test_serve_anthropic.py, tests/test_serve_engine.py, tests/test_serve_responses.py
 """
 
 import asyncio

@@ -8,6 +8,8 @@ when the server starts.
     TINY_LLM_FAULTS=tokenizer=BOOM    the tokenizer raises for any text that holds "BOOM"
 
 Steps count from 1, every step the engine runs (prefill chunks and decode steps alike).
+
+Tests: tests/test_serve_faults.py
 """
 
 import os

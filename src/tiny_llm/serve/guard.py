@@ -2,6 +2,8 @@
 around the Starlette app): a request id, the count of requests in progress, the connection
 limit, 503 while the server drains, the write deadline of a slow client, and one access-log
 line per request.
+
+Tests: tests/test_serve_faults.py, tests/test_serve.py
 """
 
 import asyncio

@@ -7,6 +7,8 @@ with it. Rank 0's `BatchGenerator` is wrapped in a `Leader`, which sends each op
 other rank `follow`s, running the same operations on its own generator in the same order.
 Their inputs are the same, their sums over ranks give the same logits, their fresh seeds
 come from the same stream: they draw the same tokens, and only rank 0 answers.
+
+Tests: tests/test_serve_lockstep.py, tests/test_week3_day5.py
 """
 
 import pickle

@@ -1,4 +1,7 @@
-"""Engine — the server's Prometheus metrics (`GET /metrics`), one registry per server."""
+"""Engine — the server's Prometheus metrics (`GET /metrics`), one registry per server.
+
+Tests: tests/test_serve_engine.py
+"""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 

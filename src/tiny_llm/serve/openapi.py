@@ -14,6 +14,8 @@ against it.
 It is long because it is data: three APIs' requests, answers, events and errors, one
 section each (chat and completions, `responses_schemas`, `messages_schemas`); splitting it
 would spread one document's shared pieces (`obj`, `ref`, `operation`) over several.
+
+Tests: tests/test_serve_fuzz.py
 """
 
 import types

@@ -6,6 +6,8 @@ so every API gets the same checks, grammars, prefix cache and limits; `reply` ma
 object that turns the job's events into the API's answer — one JSON body, or Server-Sent
 Events — and `error` its error shape. `Reply` is OpenAI's chat and completion answer; the
 Responses API (`responses.py`) and Anthropic's Messages API (`anthropic.py`) build on it.
+
+Tests: tests/test_serve_fuzz.py, tests/test_serve_responses.py, tests/test_serve_text.py
 """
 
 import json

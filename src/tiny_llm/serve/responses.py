@@ -9,6 +9,8 @@ it: its prompt begins with the earlier one, so the prefix cache serves that part
 
 What the server does not do is refused by name (`REFUSED`, and any field it does not know),
 never dropped: built-in tools, reasoning, file and image input, background responses.
+
+Tests: tests/test_serve_responses.py
 """
 
 import copy

@@ -3,6 +3,8 @@ calls (`<tool_call>{…}</tool_call>`) cut out of the reply as they complete.
 
 Both hold back text that may be the start of what they look for, and release it once it
 cannot be: a client never sees half a stop string or half a tool-call tag.
+
+Tests: tests/test_serve_text.py, tests/test_serve_anthropic.py, tests/test_serve_engine.py
 """
 
 import json

@@ -80,6 +80,8 @@ choices, `not`), `facts` (an alternative merged per type), `oneof` (disjoint bra
 `scalars`, `objects`, `arrays` and `members` (the rules per type), `rules` (the GBNF table),
 `compiler` (the stages joined; `json_schema_to_gbnf`), `recursion` (the recursion limit
 while compiling).
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from .compiler import json_schema_to_gbnf

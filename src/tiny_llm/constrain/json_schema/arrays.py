@@ -5,6 +5,8 @@ nothing evaluated an item.
 
     {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"}}
     # root ::= "[" space ( string ( "," space integer )* )? "]" space
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

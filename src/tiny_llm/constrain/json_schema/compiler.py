@@ -7,6 +7,8 @@ facts of one type to rules (`scalars.py`, `objects.py`, `arrays.py`), written in
 
 A conjunction is compiled once and gets a rule named by its place (`root-name`,
 `defs-Node`), so a recursive schema refers back to the rule being written.
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

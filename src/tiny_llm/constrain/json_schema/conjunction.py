@@ -8,6 +8,8 @@ with no choice left:
 
     {"allOf": [{"type": "string"}], "anyOf": [{"minLength": 1}, {"maxLength": 0}]}
     # two alternatives: [the schema, allOf/0, anyOf/0] and [the schema, allOf/0, anyOf/1]
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ formats; the strings and numbers it allows as automata.
     facts.number_language().accepts("2")         # True; "4" and "1.5" are not accepted
 
 `finite_values` and `names_language` read the facts of a conjunction's alternatives.
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ must be a list of strings`).
 
     count({"maxItems": 3}, "maxItems", "#", None)   # 3
     schema_map({"properties": {"a": True}}, "properties", "#")   # {"a": True}
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ a `format`'s, and the keys a `propertyNames` allows.
 
     languages = Languages()
     languages.pattern("^a+$", "#/pattern").accepts("aa")   # True (searched, as JSON Schema does)
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 
     states = explore(start, moves, "the array at #", "items")
     body = state_rules(rules, "root-items", start, states, final, write)
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

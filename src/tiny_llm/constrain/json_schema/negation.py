@@ -7,6 +7,8 @@
 A keyword whose complement has no such form (`oneOf`, `patternProperties`, ...) is a
 ValueError naming the keyword that asks for the complement (`not`, or `if` for its `else`).
 The negation of a negation's own keywords (`NOT_PATTERN`, ...) gives the keyword back.
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

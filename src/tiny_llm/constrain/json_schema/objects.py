@@ -8,6 +8,8 @@ class a key automaton with its value's conjunction. Counts (`minProperties`,
     {"properties": {"name": {"type": "string"}}, "required": ["name"]}
     # root ::= "{" space root-name-kv "}" space
     # root-name-kv ::= "\\"name\\"" space ":" space string
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ property every branch requires has disjoint values (a discriminator).
 
     {"oneOf": [{"type": "string"}, {"type": "integer"}]}             # compiles
     {"oneOf": [{"type": "number"}, {}]}                              # ValueError: may both match numbers
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

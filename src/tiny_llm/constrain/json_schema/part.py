@@ -4,6 +4,8 @@ dynamic scope and JSON pointer it sits at), and the schemas the compiler makes i
     root = Part(schema, "https://schema.invalid/root.json", "#")
     root.child(schema["allOf"][0], "#/allOf/0")               # same place of the instance
     at(root, schema["properties"]["a"], "#/properties/a")     # a value inside it
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

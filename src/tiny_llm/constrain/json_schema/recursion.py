@@ -7,6 +7,8 @@ Compiling recurses a dozen frames per level of a schema's nesting, more than Pyt
 limit allows at `MAX_NESTING` levels. The limit is global to the process and threads compile
 at once (the server compiles each request's grammar), so it is raised by the first block
 entered and put back when the last one leaves, also when compilation raises.
+
+Tests: tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

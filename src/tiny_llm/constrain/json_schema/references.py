@@ -6,6 +6,8 @@
     resources.target(Part(document, resources.root_base, "#"), "$ref").schema   # {"type": "null"}
 
 Remote references are not fetched: a reference outside the document is a ValueError.
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

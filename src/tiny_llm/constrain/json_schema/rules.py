@@ -5,6 +5,8 @@ grammar draws on, and the small pieces of rule text (groups, sequences, repeats)
     rules.primitive("string")                      # "string" (and "char", "space", ... it uses)
     rules.add("root-name", '"\\"" char* "\\""')    # "root-name", or "root-name-2" if taken
     rules.text()                                   # root first, the others in alphabetical order
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ shared rules or, under constraints, one rule per state of their automaton.
 
     {"type": "string", "maxLength": 2}     # "\\"" char{0,2} "\\"" space
     {"enum": ["a", 1]}                      # "\\"a\\"" space | "1" space (a rule per kind)
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

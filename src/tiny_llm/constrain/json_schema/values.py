@@ -3,6 +3,8 @@
     json_equal(1, 1.0)                    # True
     json_equal(True, 1)                   # False
     json_equal({"a": [1]}, {"a": [1.0]})  # True
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ what they are about, the keywords it refuses (and what to write instead), and th
 enforces.
 
 Keywords not named here are annotations or unknown, and constrain nothing.
+
+Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 """
 
 from __future__ import annotations
