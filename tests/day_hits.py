@@ -182,15 +182,17 @@ def _fingerprint() -> str:
 
 def _popen_init(original):
     """`subprocess.Popen.__init__` that starts a Python child recording under the current
-    owner (tests/day_hits_site/sitecustomize.py); an environment it cannot see makes the
-    owner's records unknown."""
+    owner (tests/day_hits_site/sitecustomize.py). A child given an environment without this
+    run's record folder (a command's clean environment, another recording run) is left as it
+    is, and its owner becomes unknown."""
     def init(self, args, *rest, **kwargs):
         if _owners:
-            if len(rest) >= 10:  # env given by position
-                _unknown.add(_owners[-1])
+            given = kwargs.get("env")
+            if len(rest) >= 10 or (given is not None and given.get(ENV) != os.environ[ENV]):
+                _unknown.add(_owners[-1])  # env given by position, or one that leaves the record out
             else:
-                env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-                env[ENV], env[OWNER] = os.environ[ENV], _owners[-1]
+                env = dict(os.environ if given is None else given)
+                env[OWNER] = _owners[-1]
                 env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, env.get("PYTHONPATH")) if p)
                 kwargs["env"] = env
         return original(self, args, *rest, **kwargs)
