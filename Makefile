@@ -25,9 +25,11 @@ demo: setup
 	$(VENV)/bin/tiny-llm generate --prompt "$(PROMPT)" --max-tokens $(MAX_TOKENS) --verbose
 
 # Two processes share the tests (pytest-xdist); the tests that share one live server run in
-# one of them (--dist loadgroup). The 15 slowest are listed at the end.
+# one of them (--dist loadgroup). The 15 slowest are listed at the end. The tests of the
+# course's own tools (the starter, the grader) run apart, with the course's checks.
+TOOL_TESTS := tests/test_course_tools.py tests/test_grader.py
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(addprefix --ignore=,$(TOOL_TESTS))
 
 # The engine's tests on MLX's ops alone (as where the kernels cannot be built): the models,
 # generation, batches on pages and the command line, with TINY_LLM_KERNELS=0.
@@ -41,6 +43,7 @@ test-mlx-ops: setup
 # the course works in a starter (the walkthrough). HITS=DIR: what `TINY_LLM_DAY_HITS=DIR make
 # test` recorded for this tree; the runs it proves cannot fail are skipped.
 check-course: setup
+	$(PY) -m pytest -q -n 2 $(TOOL_TESTS)
 	$(PY) scripts/check_course.py $(if $(HITS),--hits $(HITS),)
 	$(PY) scripts/check_course.py --walkthrough $(if $(HITS),--hits $(HITS),)
 
