@@ -8,8 +8,8 @@ A Python process a test starts (a server, the command line, `mlx.launch`'s ranks
 under the same test or fixture (`day_hits_site/sitecustomize.py` on its PYTHONPATH), writing
 each day down as soon as it runs, since tests may kill it. The kernels' C++ days count at each
 call of an op that may run their code. Each process writes `DIR/hits-<pid>.json` (or
-`child-<pid>.json`); `load` reads them all back as test file -> days. A test that forks is
-"unknown": it may run anything. `scripts/check_course.py --hits DIR`
+`child-<pid>.json`); `load` reads them all back as test file -> days. A test that forks, or
+starts a process on this tree's sources outside the record, is "unknown": it may run anything. `scripts/check_course.py --hits DIR`
 skips the runs that these records prove cannot fail: a file that never runs a day's code
 behaves the same whether or not that day is stubbed. The fingerprint (of the package's and
 the tests' sources) ties the records to the tree they came from.
@@ -183,14 +183,16 @@ def _fingerprint() -> str:
 def _popen_init(original):
     """`subprocess.Popen.__init__` that starts a Python child recording under the current
     owner (tests/day_hits_site/sitecustomize.py). A child given an environment without this
-    run's record folder (a command's clean environment, another recording run) is left as it
-    is, and its owner becomes unknown."""
+    run's record folder (a command's clean environment) is left as it is: unless that
+    environment puts this tree's sources on its path, the child imports the installed
+    package, which a course check's stubs never change, so it cannot tell them apart. One
+    that does, or an environment given by position, makes the owner unknown."""
     def init(self, args, *rest, **kwargs):
         if _owners:
             given = kwargs.get("env")
-            if len(rest) >= 10 or (given is not None and given.get(ENV) != os.environ[ENV]):
-                _unknown.add(_owners[-1])  # env given by position, or one that leaves the record out
-            else:
+            if len(rest) >= 10 or (given is not None and given.get(ENV) != os.environ[ENV] and _sees_tree(given)):
+                _unknown.add(_owners[-1])
+            elif given is None or given.get(ENV) == os.environ[ENV]:
                 env = dict(os.environ if given is None else given)
                 env[OWNER] = _owners[-1]
                 env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, env.get("PYTHONPATH")) if p)
@@ -198,6 +200,11 @@ def _popen_init(original):
         return original(self, args, *rest, **kwargs)
 
     return init
+
+
+def _sees_tree(env) -> bool:
+    """Whether `env`'s PYTHONPATH reaches into this tree (its own sources, not the installed package)."""
+    return any(p and Path(p).resolve().is_relative_to(ROOT) for p in env.get("PYTHONPATH", "").split(os.pathsep))
 
 
 def _unknowing(original):

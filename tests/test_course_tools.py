@@ -290,8 +290,8 @@ def test_kernel_ops_map_to_the_cpp_days_whose_code_they_run():
 
 
 def test_a_run_records_the_days_of_the_code_a_test_and_its_child_process_ran(tmp_path):
-    """softmax is week 1 day 1's; linear (in a process the test starts) week 1 day 1's too,
-    silu week 1 day 4's; a forked test may run anything."""
+    """softmax is week 1 day 1's; silu (in a process the test starts) week 1 day 4's; a
+    forked test may run anything."""
     tests = tmp_path / "t"
     tests.mkdir()
     (tests / "test_a.py").write_text(
@@ -302,6 +302,15 @@ def test_a_run_records_the_days_of_the_code_a_test_and_its_child_process_ran(tmp
         "def test_b():\n    subprocess.run([sys.executable, '-c', 'import mlx.core as mx; "
         "from tiny_llm.basics import silu; silu(mx.zeros((2,)))'], check=True)\n")
     (tests / "test_c.py").write_text("import os\n\ndef test_c():\n    if os.fork() == 0:\n        os._exit(0)\n")
+    # A clean environment runs the installed package (the stubs never reach it); one that
+    # puts this tree's sources on the path could run anything.
+    (tests / "test_d.py").write_text(
+        "import os, subprocess, sys\n\n"
+        "def test_d():\n    subprocess.run([sys.executable, '-c', 'pass'], env={'PATH': os.environ['PATH']}, check=True)\n")
+    (tests / "test_e.py").write_text(
+        "import os, subprocess, sys\n\n"
+        f"def test_e():\n    subprocess.run([sys.executable, '-c', 'pass'], env={{'PYTHONPATH': {str(ROOT / 'src')!r}}}, "
+        "check=True)\n")
     records = tmp_path / "hits"
     env = {**os.environ, "TINY_LLM_DAY_HITS": str(records),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}
@@ -310,7 +319,7 @@ def test_a_run_records_the_days_of_the_code_a_test_and_its_child_process_ran(tmp
     assert run.returncode == 0, run.stdout + run.stderr
     files = day_hits.load(records)
     assert files == {str(tests / "test_a.py"): {"week1-day1"}, str(tests / "test_b.py"): {"week1-day4"},
-                     str(tests / "test_c.py"): None}
+                     str(tests / "test_c.py"): None, str(tests / "test_d.py"): set(), str(tests / "test_e.py"): None}
     # Records of another tree count for nothing.
     assert day_hits.load(records, root=tmp_path) is None
 
