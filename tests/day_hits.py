@@ -159,7 +159,10 @@ def _record(day: str) -> None:
         new = day not in _hits.setdefault(owner, set())
         _hits[owner].add(day)
         if new and _child:
-            _write({"owners": {o: sorted(d) for o, d in _hits.items()}}, f"child-{os.getpid()}")
+            try:
+                _write({"owners": {o: sorted(d) for o, d in _hits.items()}}, f"child-{os.getpid()}")
+            except OSError:  # the record is lost, never the work: the owner becomes unknown
+                _unknown.add(owner)
 
 
 def _write(record: dict, name: str) -> None:
@@ -236,6 +239,7 @@ def install_child() -> None:
     if install():
         _child = True
         _owners.append(os.environ[OWNER])
+        _fingerprint()  # now, not in the middle of the work it records
 
 
 def _file_of(item) -> str:

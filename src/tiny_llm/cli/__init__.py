@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             if not distributed.lost_peer(e):
                 raise
+            # mlx.launch's SIGTERM may come now: this rank's one message is this one.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             _said.append("lost")
             print(f"tiny-llm: error: {where}the connection to another rank was lost (it exited or was "
                   f"killed): {e}", file=errors, flush=True)
