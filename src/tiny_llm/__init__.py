@@ -5,7 +5,7 @@ The public names are here, as in mlx-lm: `tiny_llm.load`, `tiny_llm.generate`,
 lazily (PEP 562): `import tiny_llm.basics` loads the week 1 building blocks alone, so a
 mistake in a later day's module cannot break an earlier day.
 
-Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_grader.py
+Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_layout.py
 """
 
 import importlib

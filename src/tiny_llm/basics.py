@@ -1,6 +1,6 @@
 """Course: week 1 days 1 and 4 — building blocks: softmax and linear (day 1), SiLU (day 4).
 
-Tests: tests/test_week1_day1.py, tests/test_week1_day4.py, tests/test_course_tools.py
+Tests: tests/test_week1_day1.py, tests/test_week1_day4.py
 """
 
 import mlx.core as mx

@@ -4,7 +4,7 @@
 model's) are converted by `tiny_llm.gguf`, repo ids fetched by `tiny_llm.hub`; `load_model`
 builds the model from that directory.
 
-Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_course_tools.py
+Tests: tests/test_progress.py, tests/test_week3_day5.py, tests/test_loader.py
 """
 
 import json
