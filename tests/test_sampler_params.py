@@ -134,8 +134,8 @@ def test_the_checks_are_the_bounds(name):
 def test_float_fields_hold_float32s(name):
     """A value inside a float field's range that float32 cannot hold (beyond its largest value,
     or nonzero below its smallest positive one) is refused by SamplingParams itself, as every
-    caller (library, command line, batch file, server) then refuses it: it used to fail only
-    at draw time, with a row error."""
+    caller (library, command line, batch file, server) then refuses it before anything runs,
+    not at draw time with a row error."""
     value = 1e39 if BOUNDS[name].maximum is None else 1e-50
     message = (f"{name} must be a float32 (the sampler's numbers): 0, or between 1.401298464324817e-45 and "
                f"3.4028234663852886e+38 in magnitude, got {value!r}")
