@@ -7,7 +7,8 @@ asks the compiled grammar about the instance's canonical text: compact JSON, key
 `properties` first in schema order, numbers in plain decimal, strings as
 `json.dumps(s, ensure_ascii=False)` writes them. String-length cases also write every string
 with `\u` escapes (astral characters as surrogate pairs), which must count as the characters
-they spell. Refusals name the keyword and the JSON pointer of the schema that holds it.
+they spell. Refusals name the keyword and the JSON pointer of the schema that holds it. The
+readers that turn a schema's keywords into typed specs are checked value by value at the end.
 
 The helpers here (`canonical_text`, `text_is_valid`, `escape_all`, ...) are shared with the
 hypothesis and pydantic tests of the same compiler.
@@ -17,6 +18,7 @@ import functools
 import json
 import re
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -25,6 +27,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from tiny_llm.constrain import Grammar
+from tiny_llm.constrain.json_schema.specs import ArraySpec, ContainsSpec, LeafSpec, ObjectSpec
 
 # ---- the oracle and the canonical texts -----------------------------------------------------
 
@@ -734,3 +737,68 @@ def test_large_schemas_compile(schema, valid, invalid):
     for instance in valid + invalid:
         text = canonical_text(instance, schema)
         assert grammar.accepts(text) == is_valid(schema, instance) == (instance in valid), text
+
+
+# ---- the specs: keywords read into typed values -----------------------------------------------
+
+
+def test_leaf_spec_reads_number_bounds_as_exact_edges():
+    spec = LeafSpec.read({"type": "integer", "exclusiveMinimum": 1, "maximum": 3}, "#")
+    assert spec.kinds == frozenset({"number"})
+    assert spec.integer is True
+    # Past an exclusive 1 the text must also read as a double above 1: at least the next double.
+    assert spec.low == (Fraction("1.0000000000000002"), False)
+    assert spec.high == (Fraction(3), False)
+    assert LeafSpec.read({"exclusiveMaximum": 1e-20}, "#").high == (Fraction("1e-20"), True)
+    assert LeafSpec.read({"minimum": 1e-20, "exclusiveMinimum": 1e-20}, "#").low == (Fraction("1e-20"), True)
+
+
+def test_leaf_spec_reads_values_strings_and_kinds():
+    spec = LeafSpec.read({"enum": [1, "a", 2.0], "const": 2}, "#")
+    assert spec.values == (2.0,) and type(spec.values[0]) is float
+    assert spec.kinds is None
+    spec = LeafSpec.read({"minLength": 2, "maxLength": 5, "pattern": "^a", "format": "date"}, "#/properties/d")
+    assert (spec.kinds, spec.min_length, spec.max_length) == (frozenset({"string"}), 2, 5)
+    assert spec.pattern == ("^a", "#/properties/d")
+    assert spec.format == "date"
+    assert LeafSpec.read({"format": "color"}, "#").format is None
+    assert LeafSpec.read({"multipleOf": 0.1}, "#").multiple == Fraction(1, 10)
+    assert LeafSpec.read({"required": ["a"], "items": {}}, "#").structures == frozenset({"object", "array"})
+
+
+def test_object_spec_reads_names_and_counts():
+    spec = ObjectSpec.read({"properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+                            "dependentRequired": {"a": ["c"]}, "maxProperties": 4.0,
+                            "additionalProperties": False}, "#")
+    assert spec.properties == {"a": {"type": "string"}}
+    assert spec.required == ("a", "b")
+    assert spec.dependent_required == {"a": ["c"]}
+    assert (spec.min_properties, spec.max_properties) == (0, 4)
+    assert spec.additional is False and spec.says_extras is True
+    spec = ObjectSpec.read({"required": ["x"]}, "#")
+    assert (spec.properties, spec.additional, spec.says_extras) == (None, None, False)
+
+
+def test_array_specs_read_positions_and_counts():
+    spec = ArraySpec.read({"prefixItems": [{"type": "string"}], "items": False, "minItems": 1, "uniqueItems": True},
+                          "#")
+    assert (spec.prefix_items, spec.items, spec.min_items, spec.max_items) == (({"type": "string"},), False, 1, None)
+    assert spec.unique is True
+    assert ArraySpec.read({"prefixItems": []}, "#").prefix_items == ()
+    assert ContainsSpec.read({"contains": {"const": 1}, "maxContains": 2}, "#") == ContainsSpec({"const": 1}, 1, 2)
+    assert ContainsSpec.read({"minContains": 3}, "#") is None
+
+
+@pytest.mark.parametrize("reader, schema, message", [
+    (LeafSpec.read, {"minLength": -1}, "json schema: 'minLength' at #/properties/a must be a non-negative integer"),
+    (LeafSpec.read, {"maximum": "3"}, "json schema: 'maximum' at #/properties/a must be a finite number"),
+    (LeafSpec.read, {"enum": []}, "json schema: 'enum' at #/properties/a must be a non-empty list"),
+    (ObjectSpec.read, {"required": "a"}, "json schema: 'required' at #/properties/a must be a list of strings"),
+    (ArraySpec.read, {"maxItems": 1.5}, "json schema: 'maxItems' at #/properties/a must be a non-negative integer"),
+    (ContainsSpec.read, {"contains": {}, "minContains": -2},
+     "json schema: 'minContains' at #/properties/a must be a non-negative integer"),
+])
+def test_spec_readers_name_the_keyword_and_pointer(reader, schema, message):
+    with pytest.raises(ValueError) as raised:
+        reader(schema, "#/properties/a")
+    assert str(raised.value) == message

@@ -1,5 +1,6 @@
 """The kernels' engine side: argument checks before any C++ runs, the MLX-op fallback with the
-same results, and an installation where the kernels cannot be built (no compiler)."""
+same results, an installation where the kernels cannot be built (no compiler), and the build
+that compiles only the sources that changed."""
 
 import os
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from tiny_llm import kernels
+from tiny_llm.kernels import build as kernel_build
 
 
 @pytest.fixture
@@ -130,3 +132,73 @@ def test_no_kernels_flag_says_so(default_model_dir):
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "kernels: off (TINY_LLM_KERNELS=0 or --no-kernels)" in run.stderr
+
+
+# ---- the build: CMake's folder kept per toolchain, only changed sources rewritten ----------------
+
+
+def test_staging_rewrites_only_the_sources_whose_text_changed(tmp_path, monkeypatch):
+    here = tmp_path / "here"
+    here.mkdir()
+    for name in kernel_build.SOURCES:
+        (here / name).write_text(f"// {name}\n")
+    monkeypatch.setattr(kernel_build, "HERE", here)
+    staged = tmp_path / "src"
+    kernel_build._stage(staged)
+    for name in kernel_build.SOURCES:
+        os.utime(staged / name, (1_000_000, 1_000_000))
+    (here / "qmm.cpp").write_text("// edited\n")
+    kernel_build._stage(staged)
+    changed = [name for name in kernel_build.SOURCES if (staged / name).stat().st_mtime != 1_000_000]
+    assert changed == ["qmm.cpp"]
+    assert (staged / "qmm.cpp").read_text() == "// edited\n"
+
+
+FAKE_CMAKE = """#!/bin/sh
+# configure: fails where a folder holds `stale`; build: makes the module.
+echo "$@" >> {calls}
+if [ "$1" = "-S" ]; then
+  if [ -e "$4/stale" ]; then echo "error: stale objects"; exit 1; fi
+  mkdir -p "$4"; exit 0
+fi
+{build}
+"""
+
+
+def _fake_cmake(tmp_path, monkeypatch, build="touch \"$2/_ext.fake.so\"") -> None:
+    script = tmp_path / "cmake"
+    script.write_text(FAKE_CMAKE.format(calls=tmp_path / "calls", build=build))
+    script.chmod(0o755)
+    monkeypatch.setattr(kernel_build, "_cmake", lambda: str(script))
+    monkeypatch.setattr(kernel_build, "HERE", tmp_path / "here")
+    (tmp_path / "here").mkdir()
+    for name in kernel_build.SOURCES:
+        (tmp_path / "here" / name).write_text("")
+
+
+def test_a_build_that_fails_on_kept_objects_is_tried_once_more_from_nothing(tmp_path, monkeypatch):
+    _fake_cmake(tmp_path, monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "build").mkdir(parents=True)
+    (work / "build" / "stale").write_text("")
+    out.mkdir()
+    kernel_build._run_cmake(out, work)
+    assert (out / "_ext.fake.so").exists() and not (work / "build" / "stale").exists()
+    assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["-S", "-S", "--build"]
+
+
+def test_a_build_that_fails_from_nothing_says_why_once(tmp_path, monkeypatch):
+    _fake_cmake(tmp_path, monkeypatch, build='echo "qmm.cpp:3: error: expected \';\'"; exit 2')
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(kernel_build.BuildError, match=r"^qmm.cpp:3: error: expected ';' \(full log: "):
+        kernel_build._run_cmake(out, work)
+    assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["-S", "--build"]
+
+
+def test_each_toolchain_has_its_own_cmake_folder(monkeypatch):
+    monkeypatch.delenv("TINY_LLM_PORTABLE", raising=False)
+    native = kernel_build.work_dir()
+    monkeypatch.setenv("TINY_LLM_PORTABLE", "1")
+    assert kernel_build.work_dir() != native
+    assert kernel_build.work_dir().parent == native.parent

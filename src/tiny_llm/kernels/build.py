@@ -7,6 +7,10 @@ next import, and trees with the same sources (starters of different days) share 
 A failed build leaves its reason in `failed.txt`, so later processes do not try again until
 the sources change or `python -m tiny_llm.kernels build` is run.
 
+CMake works in one folder per toolchain (`<cache>/kernels/work-<toolchain>/`): the sources
+are copied there, a file rewritten only when its text changed, so a build after an edit of
+one `.cpp` file (a student's, or another day's starter) compiles that file alone.
+
 Tests: tests/test_kernels.py, tests/test_progress.py, tests/test_week2_day6.py
 """
 
@@ -43,18 +47,28 @@ def _version(package: str) -> str:
         return "missing"
 
 
+def _toolchain() -> str:
+    """What, besides the sources, an extension is built against."""
+    return (f"{mx.__version__}|{_version('nanobind')}|{sys.version}|{sys.executable}|{platform.machine()}"
+            f"|{platform.system()}|{os.environ.get('TINY_LLM_PORTABLE', '')}|{os.environ.get('CXX', '')}")
+
+
 def key() -> str:
     """The digest that names this build."""
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
-    h.update(f"{mx.__version__}|{_version('nanobind')}|{sys.version}|{platform.machine()}|{platform.system()}"
-             f"|{os.environ.get('TINY_LLM_PORTABLE', '')}".encode())
+    h.update(_toolchain().encode())
     return h.hexdigest()[:16]
 
 
 def build_dir() -> Path:
     return cache_root() / "kernels" / key()
+
+
+def work_dir() -> Path:
+    """CMake's folder for this toolchain, kept between builds."""
+    return cache_root() / "kernels" / f"work-{hashlib.sha256(_toolchain().encode()).hexdigest()[:16]}"
 
 
 def _extension(folder: Path) -> Path | None:
@@ -95,7 +109,8 @@ def build(force: bool = False, quiet: bool = False) -> Path:
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
-            _run_cmake(out)
+            with locked(work_dir().with_suffix(".lock")):
+                _run_cmake(out, work_dir())
         except BuildError as e:
             failed.write_text(str(e) + "\n")
             raise
@@ -109,25 +124,52 @@ def build(force: bool = False, quiet: bool = False) -> Path:
         return found
 
 
-def _run_cmake(out: Path) -> None:
+def _stage(sources: Path) -> None:
+    """Copy the sources into `sources`, leaving a file untouched when its text is the same, so
+    its timestamp tells CMake it needs no new compile."""
+    sources.mkdir(parents=True, exist_ok=True)
+    for name in SOURCES:
+        text = (HERE / name).read_bytes()
+        target = sources / name
+        if not target.exists() or target.read_bytes() != text:
+            target.write_bytes(text)
+
+
+def _run_cmake(out: Path, work: Path) -> None:
+    """Build in `work` (compiling only what changed since its last build) and copy the module
+    into `out`. A build that fails where objects were kept is tried once more from nothing."""
     cmake = _cmake()
-    work = out / "build"
-    log = out / "build.log"
+    sources, objects, log = work / "src", work / "build", out / "build.log"
+    _stage(sources)
     steps = [
-        [cmake, "-S", str(HERE), "-B", str(work), "-DCMAKE_BUILD_TYPE=Release",
-         f"-DPython_EXECUTABLE={sys.executable}", f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}",
-         *(["-DTINY_LLM_PORTABLE=ON"] if os.environ.get("TINY_LLM_PORTABLE") else [])],
-        [cmake, "--build", str(work), "--parallel", str(os.cpu_count() or 1)],
+        [cmake, "-S", str(sources), "-B", str(objects), "-DCMAKE_BUILD_TYPE=Release",
+         f"-DPython_EXECUTABLE={sys.executable}",
+         f"-DTINY_LLM_PORTABLE={'ON' if os.environ.get('TINY_LLM_PORTABLE') else 'OFF'}"],
+        [cmake, "--build", str(objects), "--parallel", str(os.cpu_count() or 1)],
     ]
+    kept = objects.exists()
+    failure = _run_steps(steps, log)
+    if failure is not None and kept:  # objects left by a build cut short, or by another compiler
+        shutil.rmtree(objects, ignore_errors=True)
+        failure = _run_steps(steps, log)
+    if failure is not None:
+        raise BuildError(failure)
+    for module in list(objects.glob("_ext*.so")) + list(objects.glob("_ext*.pyd")):
+        shutil.copy2(module, out / module.name)
+
+
+def _run_steps(steps: list[list[str]], log: Path) -> str | None:
+    """Run the CMake steps, writing `log`; why they failed, or None."""
     with open(log, "w") as f:
         for step in steps:
             try:
                 run = subprocess.run(step, stdout=f, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT)
             except (OSError, subprocess.TimeoutExpired) as e:
-                raise BuildError(f"{Path(step[0]).name} failed: {e}") from None
+                return f"{Path(step[0]).name} failed: {e}"
             if run.returncode != 0:
-                raise BuildError(f"{_reason(log.read_text())} (full log: {log})")
-    shutil.rmtree(work, ignore_errors=True)  # objects are not needed once the module is linked
+                f.flush()
+                return f"{_reason(log.read_text())} (full log: {log})"
+    return None
 
 
 def _reason(text: str) -> str:

@@ -74,7 +74,8 @@ Looser, because a grammar cannot see it: a text that repeats a key (`{"a": 1, "a
 parsers keep one of the values.
 
 The package, stage by stage: `vocabulary` (the keywords known and refused), `keywords` (each
-keyword's value read and checked), `values` (JSON equality), `part` and `references` (a
+keyword's value read and checked), `values` (JSON equality), `specs` (a schema's keywords read
+into typed specs: what it says of scalars, of objects, of arrays), `part` and `references` (a
 schema in place, `$ref` resolution), `conjunction` and `negation` (the algebra: `allOf`,
 choices, `not`), `facts` (an alternative merged per type), `oneof` (disjoint branches),
 `scalars`, `objects`, `arrays` and `members` (the rules per type), `rules` (the GBNF table),

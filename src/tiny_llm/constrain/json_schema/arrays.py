@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from ..escape import gbnf_literal
 from .facts import MAX_UNIQUE_VALUES
-from .keywords import count, schema_list
 from .members import Values, explore, state_rules
 from .part import Part, at
 from .rules import Rules, group, repeat, sequence
+from .specs import ArraySpec, ContainsSpec
 from .values import canonical_number, compact_text, kind_of
 
 MAX_CONTAINS = 4  # `contains` clauses that apply to one array (each doubles an item's alternatives)
@@ -28,31 +28,28 @@ class ArrayShape:
 
     def __init__(self, rules: Rules, values: Values, leaves: list[Part], name: str, path: str):
         self.rules, self.values, self.leaves, self.name, self.path = rules, values, leaves, name, path
+        self.specs = [ArraySpec.read(leaf.schema, leaf.path) for leaf in leaves]
 
     def expression(self) -> str | None:
         """The array's rule body; None if no array is valid."""
-        leaves, path = self.leaves, self.path
+        leaves, specs, path = self.leaves, self.specs, self.path
         low, high = 0, None
-        for leaf in leaves:
-            s, p = leaf.schema, leaf.path
-            low = max(low, count(s, "minItems", p, 0))
-            top = count(s, "maxItems", p, None)
+        for spec in specs:
+            low = max(low, spec.min_items)
+            top = spec.max_items
             high = top if high is None else high if top is None else min(high, top)
         if high is not None and low > high:
             return None
-        prefix_length = max([len(schema_list(l.schema, "prefixItems", l.path, empty=True)) for l in leaves] or [0])
+        prefix_length = max([len(spec.prefix_items or ()) for spec in specs] or [0])
         clauses = []  # (contains part, low, high, leaf)
         for leaf in leaves:
-            s, p = leaf.schema, leaf.path
-            if "contains" in s:
-                c_low = count(s, "minContains", p, 1)
-                c_high = count(s, "maxContains", p, None)
-                if c_low == 0 and c_high is None:
-                    continue
-                clauses.append((at(leaf, s["contains"], f"{p}/contains"), c_low, c_high, leaf))
-        unique = any(l.schema.get("uniqueItems") is True for l in leaves) and (high is None or high > 1)
-        unevaluated = [l for l in leaves if "unevaluatedItems" in l.schema]
-        if not any("items" in l.schema or "prefixItems" in l.schema for l in leaves) and not (
+            contains = ContainsSpec.read(leaf.schema, leaf.path)
+            if contains is None or contains.low == 0 and contains.high is None:
+                continue
+            clauses.append((at(leaf, contains.schema, f"{leaf.path}/contains"), contains.low, contains.high, leaf))
+        unique = any(spec.unique for spec in specs) and (high is None or high > 1)
+        unevaluated = [(l, spec.unevaluated) for l, spec in zip(leaves, specs) if spec.unevaluated is not None]
+        if not any(spec.items is not None or spec.prefix_items is not None for spec in specs) and not (
                 clauses or unique or unevaluated) and low == 0 and high is None:
             return self.rules.primitive("array")
         if len(clauses) > MAX_CONTAINS:
@@ -69,14 +66,13 @@ class ArrayShape:
     def _position_parts(self, i: int) -> tuple[list[Part], list[Part]]:
         """The schemas for the item at position `i`, and the leaves that evaluate it there."""
         parts, evaluators = [], []
-        for leaf in self.leaves:
-            s, p = leaf.schema, leaf.path
-            prefix = schema_list(s, "prefixItems", p, empty=True)
+        for leaf, spec in zip(self.leaves, self.specs):
+            prefix = spec.prefix_items or ()
             if i < len(prefix):
-                parts.append(at(leaf, prefix[i], f"{p}/prefixItems/{i}"))
+                parts.append(at(leaf, prefix[i], f"{leaf.path}/prefixItems/{i}"))
                 evaluators.append(leaf)
-            elif "items" in s:
-                parts.append(at(leaf, s["items"], f"{p}/items"))
+            elif spec.items is not None:
+                parts.append(at(leaf, spec.items, f"{leaf.path}/items"))
                 evaluators.append(leaf)
         return parts, evaluators
 
@@ -121,11 +117,11 @@ class ArrayShape:
                         parts.append(part)
                     elif negations[j] is not None:
                         parts.append(negations[j])
-                for leaf in unevaluated:
+                for leaf, schema in unevaluated:
                     seen_here = any(e.evaluated_by(leaf) for e in evaluators)
                     counted = any(adds[j] and c[3].evaluated_by(leaf) for j, c in enumerate(clauses))
                     if not seen_here and not counted:
-                        parts.append(at(leaf, leaf.schema["unevaluatedItems"], f"{leaf.path}/unevaluatedItems"))
+                        parts.append(at(leaf, schema, f"{leaf.path}/unevaluatedItems"))
                 if unique:
                     for text in self._finite_texts(parts):
                         out.append((gbnf_literal(text) + " space", adds, text))

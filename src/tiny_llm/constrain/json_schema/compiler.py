@@ -26,7 +26,7 @@ from .languages import Languages
 from .negation import Negation
 from .objects import ObjectShape
 from .oneof import OneOf
-from .part import Alternative, Made, Part, at, at_made
+from .part import Alternative, Made, Part, at_made
 from .recursion import recursion_limit
 from .references import Resources
 from .rules import NAME, Rules, slug
@@ -146,10 +146,9 @@ class Compiler:
     def pattern(self, pattern: Any, path: str) -> DFA:
         return self._languages.pattern(pattern, path)
 
-    def key_names(self, leaf: Part) -> DFA:
-        part = at(leaf, leaf.schema["propertyNames"], f"{leaf.path}/propertyNames")
-        return self._languages.cached(("names", id(leaf.schema), leaf.base), lambda: names_language(
-            self.facts_of(a) for a in self._expander.expand([part])))
+    def key_names(self, names: Part) -> DFA:
+        return self._languages.cached(("names", id(names.schema), names.base), lambda: names_language(
+            self.facts_of(a) for a in self._expander.expand([names])))
 
     def made(self, schema: Any) -> bool:
         return schema in self._made

@@ -20,12 +20,11 @@ from fractions import Fraction
 from typing import Any
 
 from ..automata import DFA
-from .keywords import bound, constrains, count, declared, enum_values, read_bound, step
 from .languages import Languages
 from .part import Part
+from .specs import LeafSpec, tighter
 from .values import canonical_number, fraction, integral, json_equal, kind_of
-from .vocabulary import (ARRAY_KEYWORDS, FORMATS, KIND_KEYWORDS, KINDS, NOT_INTEGER, NOT_MULTIPLE, NOT_PATTERN,
-                         NOT_VALUES, OBJECT_KEYWORDS)
+from .vocabulary import KINDS
 
 MAX_UNIQUE_VALUES = 8  # `uniqueItems` holds over items drawn from at most this many values
 
@@ -49,6 +48,7 @@ class Facts:
         self.not_patterns: list[tuple[str, str]] = []
         self.formats: list[str] = []
         self.leaves: list[Part] = []
+        self.structures: set[str] = set()  # the kinds whose keywords a leaf holds
         self._strings: DFA | None = None
         self._numbers: Any = ...
 
@@ -57,7 +57,7 @@ class Facts:
         """The facts of `leaves` (a conjunction with no choice); None if no value is valid."""
         facts = cls(languages)
         for leaf in leaves:
-            facts.add(leaf)
+            facts.add(leaf, LeafSpec.read(leaf.schema, leaf.path))
         if facts.values is not None:
             facts.kinds &= {kind_of(v) for v in facts.values}
         if facts.low and facts.high and (facts.low[0] > facts.high[0] or facts.low[0] == facts.high[0]
@@ -65,53 +65,35 @@ class Facts:
             facts.kinds.discard("number")
         return facts if facts.kinds else None
 
-    def add(self, leaf: Part) -> None:
-        schema, path = leaf.schema, leaf.path
+    def add(self, leaf: Part, spec: LeafSpec) -> None:
+        """Merge what `leaf` says (`spec`, read from it)."""
         self.leaves.append(leaf)
-        if "type" in schema:
-            kinds, integer = declared(schema, path)
-            self.kinds &= kinds
-            self.integer |= integer
-        else:
-            implied = {k for k, keys in KIND_KEYWORDS.items() if any(constrains(schema, key) for key in keys)}
-            implied |= {"string" for key in (NOT_PATTERN,) if key in schema}
-            implied |= {"number" for key in (NOT_MULTIPLE, NOT_INTEGER) if key in schema}
-            if implied:
-                self.kinds &= implied
-        for key in ("enum", "const"):
-            if key in schema:
-                values = enum_values(schema, path) if key == "enum" else [schema["const"]]
-                self.values = values if self.values is None else [
-                    v for v in self.values if any(json_equal(v, w) for w in values)]
-        self.excluded += schema.get(NOT_VALUES, [])
-        self.not_integer |= bool(schema.get(NOT_INTEGER))
-        for key in ("minimum", "exclusiveMinimum"):
-            if key in schema:
-                for edge in read_bound(bound(schema, key, path), key != "minimum", up=True):
-                    if self.low is None or edge[0] > self.low[0] or edge[0] == self.low[0] and edge[1]:
-                        self.low = edge
-        for key in ("maximum", "exclusiveMaximum"):
-            if key in schema:
-                for edge in read_bound(bound(schema, key, path), key != "maximum", up=False):
-                    if self.high is None or edge[0] < self.high[0] or edge[0] == self.high[0] and edge[1]:
-                        self.high = edge
-        if "multipleOf" in schema:
-            self.multiples.append(step(schema, path))
-        if NOT_MULTIPLE in schema:
-            self.not_multiples.append(fraction(schema[NOT_MULTIPLE]))
-        low = count(schema, "minLength", path, 0)
-        high = count(schema, "maxLength", path, None)
-        self.lengths[0] = max(self.lengths[0], low)
-        if high is not None:
-            self.lengths[1] = high if self.lengths[1] is None else min(self.lengths[1], high)
-        if "pattern" in schema:
-            self.patterns.append((schema["pattern"], path))
-        if NOT_PATTERN in schema:
-            self.not_patterns.append((schema[NOT_PATTERN], path))
-        if not isinstance(schema.get("format", ""), str):
-            raise ValueError(f"json schema: 'format' at {path} must be a string")
-        if schema.get("format") in FORMATS:
-            self.formats.append(schema["format"])
+        if spec.kinds is not None:
+            self.kinds &= spec.kinds
+        self.integer |= spec.integer
+        if spec.values is not None:
+            self.values = list(spec.values) if self.values is None else [
+                v for v in self.values if any(json_equal(v, w) for w in spec.values)]
+        self.excluded += spec.excluded
+        self.not_integer |= spec.not_integer
+        if spec.low is not None and tighter(spec.low, self.low, up=True):
+            self.low = spec.low
+        if spec.high is not None and tighter(spec.high, self.high, up=False):
+            self.high = spec.high
+        if spec.multiple is not None:
+            self.multiples.append(spec.multiple)
+        if spec.not_multiple is not None:
+            self.not_multiples.append(spec.not_multiple)
+        self.lengths[0] = max(self.lengths[0], spec.min_length)
+        if spec.max_length is not None:
+            self.lengths[1] = spec.max_length if self.lengths[1] is None else min(self.lengths[1], spec.max_length)
+        if spec.pattern is not None:
+            self.patterns.append(spec.pattern)
+        if spec.not_pattern is not None:
+            self.not_patterns.append(spec.not_pattern)
+        if spec.format is not None:
+            self.formats.append(spec.format)
+        self.structures |= spec.structures
 
     # -- strings --
 
@@ -169,8 +151,7 @@ class Facts:
     # -- objects and arrays --
 
     def has_structure(self, kind: str) -> bool:
-        keys = OBJECT_KEYWORDS if kind == "object" else ARRAY_KEYWORDS
-        return any(k in leaf.schema for leaf in self.leaves for k in keys)
+        return kind in self.structures
 
     def admits(self, value: Any, formats: bool = True) -> bool:
         """Whether `value` may be valid here (exact for scalars; objects and arrays: maybe);

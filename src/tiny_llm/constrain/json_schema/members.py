@@ -36,8 +36,8 @@ class Values(Protocol):
     def pattern(self, pattern: Any, path: str) -> DFA:
         """The strings in which the `pattern` at `path` finds a match."""
 
-    def key_names(self, leaf: Part) -> DFA:
-        """The keys `propertyNames` of `leaf` allows."""
+    def key_names(self, names: Part) -> DFA:
+        """The keys a `propertyNames` schema (`names`, in its place) allows."""
 
     def made(self, schema: Any) -> bool:
         """Whether the compiler made `schema` (it is no schema of the document)."""

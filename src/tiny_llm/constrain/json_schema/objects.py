@@ -18,11 +18,11 @@ import json
 
 from ..automata import DFA, JSON_CONTROL, json_string
 from ..escape import gbnf_literal
-from .keywords import count, dependent_required, pointer, required, schema_map
+from .keywords import pointer
 from .members import Values, explore, state_rules
 from .part import Part, at
 from .rules import Rules, group, sequence, slug
-from .vocabulary import EXTRA_KEYWORDS
+from .specs import ObjectSpec
 
 MAX_KEY_CLASSES = 64  # classes of extra keys (by the patterns they match)
 
@@ -33,6 +33,7 @@ class ObjectShape:
 
     def __init__(self, rules: Rules, values: Values, leaves: list[Part], name: str, path: str):
         self.rules, self.values, self.leaves, self.name, self.path = rules, values, leaves, name, path
+        self.specs = [ObjectSpec.read(leaf.schema, leaf.path) for leaf in leaves]
 
     def expression(self) -> str | None:
         """The object's rule body; None if no object is valid."""
@@ -41,24 +42,23 @@ class ObjectShape:
         needed: set[str] = set()
         needs: dict[str, set[str]] = {}
         low, high = 0, None
-        for leaf in leaves:
-            s, p = leaf.schema, leaf.path
-            named.update(dict.fromkeys(schema_map(s, "properties", p)))
-            for key in required(s, p):
+        for spec in self.specs:
+            named.update(dict.fromkeys(spec.properties or ()))
+            for key in spec.required:
                 named.setdefault(key)
                 needed.add(key)
-            for key, others in dependent_required(s, p).items():
+            for key, others in spec.dependent_required.items():
                 named.setdefault(key)
                 named.update(dict.fromkeys(others))
                 needs.setdefault(key, set()).update(others)
-            low = max(low, count(s, "minProperties", p, 0))
-            top = count(s, "maxProperties", p, None)
+            low = max(low, spec.min_properties)
+            top = spec.max_properties
             high = top if high is None else high if top is None else min(high, top)
         if high is not None and low > high:
             return None
-        extras_said = any(k in leaf.schema for leaf in leaves for k in EXTRA_KEYWORDS)
-        open_ = extras_said or not any("properties" in leaf.schema and not self.values.made(leaf.schema)
-                                       for leaf in leaves)
+        extras_said = any(spec.says_extras for spec in self.specs)
+        open_ = extras_said or not any(spec.properties is not None and not self.values.made(leaf.schema)
+                                       for leaf, spec in zip(leaves, self.specs))
         if not named and open_ and low == 0 and high is None and not extras_said:
             return rules.primitive("object")
         pairs = []  # (key, kv rule or None, required)
@@ -82,21 +82,21 @@ class ObjectShape:
         values = self.values
         parts: list[Part] = []
         evaluated: list[Part] = []  # the annotating leaves that evaluate the key
-        for leaf in self.leaves:
-            s, p = leaf.schema, leaf.path
-            properties = schema_map(s, "properties", p)
+        for leaf, spec in zip(self.leaves, self.specs):
+            p = leaf.path
+            properties = spec.properties or {}
             listed = key in properties
             if listed:
                 parts.append(at(leaf, properties[key], f"{p}/properties/{pointer(key)}"))
             # Every pattern the key matches applies too, listed or not.
-            matched = [(pattern, sub) for pattern, sub in schema_map(s, "patternProperties", p).items()
+            matched = [(pattern, sub) for pattern, sub in spec.pattern_properties.items()
                        if values.pattern(pattern, f"{p}/patternProperties").accepts(key)]
             parts += [at(leaf, sub, f"{p}/patternProperties/{pointer(pattern)}") for pattern, sub in matched]
-            if not listed and not matched and "additionalProperties" in s:
-                parts.append(at(leaf, s["additionalProperties"], f"{p}/additionalProperties"))
-            if listed or matched or "additionalProperties" in s:
+            if not listed and not matched and spec.additional is not None:
+                parts.append(at(leaf, spec.additional, f"{p}/additionalProperties"))
+            if listed or matched or spec.additional is not None:
                 evaluated.append(leaf)
-            if "propertyNames" in s and not values.key_names(leaf).accepts(key):
+            if spec.property_names is not None and not values.key_names(self._names(leaf, spec)).accepts(key):
                 return None
         parts += self._unevaluated(evaluated)
         return values.value(parts, f"{self.name}-{slug(key) or 'property'}", self.path)
@@ -104,24 +104,29 @@ class ObjectShape:
     def _unevaluated(self, evaluated: list[Part]) -> list[Part]:
         """The `unevaluatedProperties` schemas that apply to a key the `evaluated` leaves saw."""
         out = []
-        for leaf in self.leaves:
-            if "unevaluatedProperties" in leaf.schema and not any(e.evaluated_by(leaf) for e in evaluated):
-                out.append(at(leaf, leaf.schema["unevaluatedProperties"], f"{leaf.path}/unevaluatedProperties"))
+        for leaf, spec in zip(self.leaves, self.specs):
+            if spec.unevaluated is not None and not any(e.evaluated_by(leaf) for e in evaluated):
+                out.append(at(leaf, spec.unevaluated, f"{leaf.path}/unevaluatedProperties"))
         return out
+
+    @staticmethod
+    def _names(leaf: Part, spec: ObjectSpec) -> Part:
+        """The `propertyNames` schema of `leaf`, in its place."""
+        return at(leaf, spec.property_names, f"{leaf.path}/propertyNames")
 
     def _extra_pair(self, named: set[str]) -> str | None:
         """The rule for one `"key": value` pair whose key is not named, or None if none can be."""
         rules, values, name = self.rules, self.values, self.name
         start = DFA.everything().difference(DFA.of_strings(named)) if named else DFA.everything()
         classes: list[tuple[DFA, list[Part], list[Part]]] = [(start, [], [])]  # keys, schemas, evaluators
-        for leaf in self.leaves:
-            s, p = leaf.schema, leaf.path
-            if "propertyNames" in s:
-                names = values.key_names(leaf)
+        for leaf, spec in zip(self.leaves, self.specs):
+            p = leaf.path
+            if spec.property_names is not None:
+                names = values.key_names(self._names(leaf, spec))
                 classes = [(k.intersect(names), ps, ev) for k, ps, ev in classes]
                 classes = [c for c in classes if not c[0].is_empty()]
-            patterns = schema_map(s, "patternProperties", p)
-            if not patterns and "additionalProperties" not in s:
+            patterns = spec.pattern_properties
+            if not patterns and spec.additional is None:
                 continue
             split = []
             for keys, parts, evaluators in classes:
@@ -138,8 +143,8 @@ class ObjectShape:
                             step.append((outside, ps, ev, matched))
                     pieces = step
                 for k, ps, ev, matched in pieces:
-                    if not matched and "additionalProperties" in s:
-                        ps = ps + [at(leaf, s["additionalProperties"], f"{p}/additionalProperties")]
+                    if not matched and spec.additional is not None:
+                        ps = ps + [at(leaf, spec.additional, f"{p}/additionalProperties")]
                         ev = ev + [leaf]
                     split.append((k, ps, ev))
             classes = split
