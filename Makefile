@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 MAX_TOKENS ?= 256
+# The tests start many Python processes (servers, ranks, the command line): each reuses the
+# bytecode the first compiled, even where the environment asks Python not to write it.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-mlx-ops book plots screenshot-chat bench bench-kernels bench-generate bench-speculative bench-constrained bench-serve bench-prefix bench-distributed bench-before-after bench-peers clean
 

@@ -238,8 +238,10 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     appends its line exactly once (the sandbox dies with the agent; unsandboxed, the resumed
     run kills the command the dead agent left before it looks at the files)."""
     ws, _ = place
-    # Slow enough that the resumed agent (a new Python process) starts while it still runs.
-    slow = python("import time; time.sleep(5); open('lines.txt', 'a').write('line\\n')")
+    # Slow enough that the resumed agent (a new Python process) starts while it still runs,
+    # and outlives the 5 s the resumed run waits for it to end once killed.
+    marker = f"tiny-llm-resumed-{tmp_path.name}"
+    slow = python(f"import time; time.sleep(8); open('lines.txt', 'a').write('line\\n')  # {marker}")
     script = tmp_path / "script.json"
     script.write_text(json.dumps([slow, finish()]))
     log = tmp_path / "run.jsonl"
@@ -262,7 +264,9 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     agent_proc.wait()
     resumed = subprocess.run(cli + ["--resume", str(log)], capture_output=True, text=True, timeout=120, env=env)
     assert resumed.returncode == 0, resumed.stderr
-    time.sleep(5.5)  # long enough for a surviving command to append its line
+    # The resumed run took over 8 s (its own command): a command the dead agent left would
+    # have appended its line by now, or be running still.
+    assert processes_with(marker) == []
     assert (ws / "lines.txt").read_text() == "line\n"
     events = RunLog.read(log)
     settled = [e for e in events if e.kind == "observation"]

@@ -105,7 +105,7 @@ def build(force: bool = False, quiet: bool = False) -> Path:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         if not quiet:
-            print(f"tiny-llm: building the kernels into {out} (once for these sources, ~20 s)...",
+            print(f"tiny-llm: building the kernels into {out} (once for these sources)...",
                   file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
