@@ -57,7 +57,7 @@ class Facts:
         """The facts of `leaves` (a conjunction with no choice); None if no value is valid."""
         facts = cls(languages)
         for leaf in leaves:
-            facts.add(leaf, LeafSpec.read(leaf.schema, leaf.path))
+            facts.add(leaf, leaf.spec)
         if facts.values is not None:
             facts.kinds &= {kind_of(v) for v in facts.values}
         if facts.low and facts.high and (facts.low[0] > facts.high[0] or facts.low[0] == facts.high[0]

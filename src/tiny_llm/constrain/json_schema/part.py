@@ -11,7 +11,10 @@ Tests: tests/test_constrain_grammar.py, tests/test_constrain_json_schema.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+from .specs import LeafSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,12 @@ class Part:
         """A subschema of this one at the same place of the instance (`allOf`, a branch)."""
         return Part(schema, self.base, path, self.scope, self.annotating if annotating is None else annotating,
                     self.owners | {id(self.schema)})
+
+    @cached_property
+    def spec(self) -> LeafSpec:
+        """What this schema says of its kinds and scalars, read once (a part sits in many
+        alternatives)."""
+        return LeafSpec.read(self.schema, self.path)
 
     def evaluated_by(self, leaf: Part) -> bool:
         """Whether `leaf`'s `unevaluated*` sees what this part evaluates (it is the leaf, or
