@@ -49,7 +49,34 @@ def group() -> mx.distributed.Group | None:
         _group = mx.distributed.init(strict=True, backend="ring")
         if _group.size() > 1:
             _seeds = random.Random(broadcast_int(secrets.randbits(31)))
+            quiet_launcher()
     return _group if _group is not None and _group.size() > 1 else None
+
+
+def quiet_launcher(parent: int | None = None) -> bool:
+    """Lower to nice 19 every thread of the `mlx.launch` process that started this rank (on
+    Linux; elsewhere, or under another parent, nothing is done). Returns whether it did.
+
+    MLX's launcher relays its ranks' output in loops that never block: each rank's thread
+    polls a pipe that is always writable, and the main thread polls its standard input,
+    which is always readable once at its end. That is a core per rank, taken from the
+    ranks themselves on a machine with few cores. At nice 19 the launcher runs only where a
+    core would be idle. It is called once the ring is joined, when every rank's process has
+    been started (a process started by a thread takes that thread's priority)."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        threads = [int(t) for t in os.listdir(f"/proc/{parent}/task")]
+    except (OSError, ValueError):
+        return False
+    if not any(a.endswith(b"mlx.launch") or a == b"mlx._distributed_utils.launch" for a in argv[:3]):
+        return False
+    for thread in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, 19)
+        except OSError:  # ended meanwhile
+            pass
+    return True
 
 
 def rank() -> int:
