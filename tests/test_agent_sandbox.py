@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import HTTPServer
 from pathlib import Path
 
@@ -240,7 +241,9 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     ws, _ = place
     # Slow enough that the resumed agent (a new Python process) starts while it still runs,
     # and outlives the 5 s the resumed run waits for it to end once killed.
-    marker = f"tiny-llm-resumed-{tmp_path.name}"
+    # Unique to this call: both parametrizations may run at once on two test workers, and
+    # their temporary folders may have the same name.
+    marker = f"tiny-llm-resumed-{uuid.uuid4().hex}"
     slow = python(f"import time; time.sleep(8); open('lines.txt', 'a').write('line\\n')  # {marker}")
     script = tmp_path / "script.json"
     script.write_text(json.dumps([slow, finish()]))
