@@ -9,7 +9,7 @@ logits and draw the same tokens. What could still differ is made equal here: fre
 come from one stream that rank 0 seeds (`fresh_seed`), and the ranks check that they
 loaded the same model (`agree`). Rank 0 alone prints.
 
-Tests: tests/test_week3_day5.py
+Tests: tests/test_distributed.py, tests/test_week3_day5.py
 """
 
 from __future__ import annotations
