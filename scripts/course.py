@@ -97,8 +97,8 @@ TEST_DAYS: dict[str, tuple[str, ...]] = {
     "tests/test_agent_actions.py": (),  # the validator students are given in week 4
     "tests/test_agent_runner.py": (),  # a command's typed result and the receipt's log  # attacks through `tiny-llm agent run`; resume, undo
     "tests/test_serve_engine.py": ("week2-day5",),
-    "tests/test_serve_lockstep.py": ("week2-day5",),
-    "tests/test_distributed.py": (),  # a rank and its launcher: no day's code  # the leader over the batch engine
+    "tests/test_serve_lockstep.py": ("week2-day5",),  # the leader over the batch engine
+    "tests/test_distributed.py": (),  # a rank and its launcher: no day's code
     "tests/test_caches.py": ("week2-day4",),  # dense and left-padded batch caches
     "tests/test_serve_default.py": ("week2-day5", "week3-day3"),
     "tests/test_serve_browser.py": ("week2-day5",),
