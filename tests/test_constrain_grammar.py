@@ -579,6 +579,22 @@ def test_token_table_reads_byte_level_tokens(default_tokenizer):
     assert len(special) == 1 and table.tokens[special[0]] is None
 
 
+def test_token_table_reads_sentencepiece_tokens():
+    """Without a byte-level decoder: `<0xHH>` is that byte, `▁` a space, an added token its
+    text, a special token None."""
+    from tokenizers import AddedToken, models
+    from tokenizers import Tokenizer as Backend
+
+    from tiny_llm.constrain.tokens import token_bytes
+    from tiny_llm.tokenizer import Tokenizer
+
+    backend = Backend(models.WordLevel({"<0x0A>": 0, "▁hello": 1, "hi": 2, "<0xC3>": 3, "ÿ": 4}, unk_token="hi"))
+    backend.add_tokens([AddedToken("<tool>", special=False)])
+    backend.add_special_tokens(["</s>"])
+    assert token_bytes(Tokenizer(backend, eos_tokens=["</s>"])) == [
+        b"\n", b" hello", b"hi", b"\xc3", "ÿ".encode(), b"<tool>", None]
+
+
 @contextlib.contextmanager
 def expansion_budget(lines: int):
     """Fail, rather than run for ever, once stack expansion has run `lines` lines of code."""

@@ -19,12 +19,11 @@ only the buckets of long tokens are walked again as the string fills up. An unfi
 non-ASCII character that the grammar takes whole is one state whatever the character, so
 text in any script shares its masks too.
 
-Tests: tests/test_serve.py
+Tests: tests/test_serve.py, tests/test_constrain_grammar.py
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import weakref
@@ -55,9 +54,11 @@ class TokenTable:
         self.order = np.array(text, dtype=np.int64)  # text tokens, shortest first
         lengths = np.array([len(self.tokens[i]) for i in text], dtype=np.int64)
         width = int(lengths[-1]) if len(text) else 0
+        # One reshape per token length, not one copy per token.
         self.bytes = np.zeros((len(text), width), dtype=np.int32)
-        for row, i in enumerate(text):
-            self.bytes[row, : lengths[row]] = np.frombuffer(self.tokens[i], dtype=np.uint8)
+        for n, first, end in _runs(lengths):
+            joined = b"".join(self.tokens[i] for i in text[first:end])
+            self.bytes[first:end, :n] = np.frombuffer(joined, dtype=np.uint8).reshape(end - first, n)
         self.columns = np.ascontiguousarray(self.bytes.T)  # byte k of every row, contiguous
         # starts[k]: the first row (in `order`) whose token has more than k bytes.
         self.starts = np.searchsorted(lengths, np.arange(width), side="right")
@@ -74,23 +75,32 @@ class TokenTable:
         return table
 
 
+def _runs(lengths: np.ndarray) -> list[tuple[int, int, int]]:
+    """`(length, first, end)` for each run of equal values in sorted `lengths`."""
+    cuts = np.flatnonzero(np.diff(lengths)) + 1
+    firsts, ends = [0, *cuts.tolist()], [*cuts.tolist(), len(lengths)]
+    return [(int(lengths[a]), a, b) for a, b in zip(firsts, ends) if b > a]
+
+
 def token_bytes(tokenizer) -> list[bytes | None]:
     """Each token's bytes: byte-level BPE tokens through GPT-2's byte alphabet, byte-fallback
     tokens `<0xHH>` as that byte, SentencePiece's `▁` as a space; special tokens None."""
     backend = tokenizer.backend
     added = backend.get_added_tokens_decoder()
+    pieces: list[str | None] = [None] * tokenizer.vocab_size
+    for piece, i in backend.get_vocab(with_added_tokens=True).items():
+        if 0 <= i < len(pieces):
+            pieces[i] = piece
     byte_level = _byte_level(backend)
-    alphabet = _byte_alphabet()
     out: list[bytes | None] = []
-    for i in range(tokenizer.vocab_size):
-        piece = backend.id_to_token(i)
+    for i, piece in enumerate(pieces):
         if piece is None or (i in added and added[i].special):
             out.append(None)
         elif i in added:
             out.append(piece.encode())
-        elif byte_level and all(c in alphabet for c in piece):
-            out.append(bytes(alphabet[c] for c in piece))
-        elif m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece):
+        elif byte_level and not _OUTSIDE_ALPHABET.search(piece):
+            out.append(piece.translate(_ALPHABET_TO_LATIN1).encode("latin-1"))
+        elif m := _BYTE_FALLBACK.fullmatch(piece):
             out.append(bytes([int(m[1], 16)]))
         else:
             out.append(piece.replace("\u2581", " ").encode())
@@ -100,8 +110,8 @@ def token_bytes(tokenizer) -> list[bytes | None]:
 def _byte_level(backend) -> bool:
     """Does the tokenizer decode through GPT-2's byte alphabet (a ByteLevel decoder, alone or
     in a sequence, or a ByteLevel pre-tokenizer)?"""
-    config = json.loads(backend.to_str())
-    return "ByteLevel" in json.dumps([config.get("decoder"), config.get("pre_tokenizer")])
+    parts = (backend.decoder, backend.pre_tokenizer)
+    return any(b'"ByteLevel"' in part.__getstate__() for part in parts if part is not None)
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -115,6 +125,13 @@ def _byte_alphabet() -> dict[str, int]:
             chars[chr(256 + extra)] = b
             extra += 1
     return chars
+
+
+# A byte-level piece's characters to the bytes they stand for (as Latin-1 characters), and
+# the characters that are not in the alphabet.
+_ALPHABET_TO_LATIN1 = {ord(c): b for c, b in _byte_alphabet().items()}
+_OUTSIDE_ALPHABET = re.compile("[^" + re.escape("".join(_byte_alphabet())) + "]")
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @dataclass
