@@ -37,9 +37,9 @@ def greedy_mlx_lm(path: Path, prompt: list[int]) -> list[int]:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    model, _ = mlx_lm.load(str(path))
-    return [r.token for r in mlx_lm.stream_generate(model, mlx_lm.load(str(path))[1], prompt,
-                                                    max_tokens=MAX_TOKENS, sampler=make_sampler(0.0))]
+    model, tokenizer = mlx_lm.load(str(path))
+    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS,
+                                                    sampler=make_sampler(0.0))]
 
 
 def prompt_ids(tokenizer) -> list[int]:

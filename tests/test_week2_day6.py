@@ -130,7 +130,7 @@ def test_the_engine_multiplies_with_the_kernel(monkeypatch):
                                atol=0.1, rtol=0.02)
 
 
-def test_default_model_greedy_tokens_equal_mlx_lm(default_model_dir):
+def test_default_model_greedy_tokens_equal_mlx_lm(default_model_dir, reference_default_model):
     """The default model on our kernels writes mlx-lm's greedy tokens."""
     import mlx_lm
 
@@ -140,7 +140,7 @@ def test_default_model_greedy_tokens_equal_mlx_lm(default_model_dir):
     kernels.extension().probe("week2-day6")  # the day's functions run (a starter's stub raises here)
     model, tokenizer = tiny_llm.load(str(default_model_dir))
     ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=12)]
-    ref_model, ref_tokenizer = mlx_lm.load(str(default_model_dir))
+    ref_model, ref_tokenizer = reference_default_model
     ref = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, prompt, max_tokens=12)]
     assert ours == ref
 

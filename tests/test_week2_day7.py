@@ -121,7 +121,7 @@ def test_fused_steps_equal_mlx_ops(name, bits, dtype, overrides, monkeypatch):
             assert float(diff) <= TOLERANCE[dtype] * max(1.0, float(mx.abs(b[:, :, :n].astype(mx.float32)).max()))
 
 
-def test_default_model_writes_mlx_lm_greedy_tokens_fused(default_model_dir, monkeypatch):
+def test_default_model_writes_mlx_lm_greedy_tokens_fused(default_model_dir, reference_default_model, monkeypatch):
     """The default model, decoding fused, writes mlx-lm's greedy tokens."""
     the_day_is_done()
     import mlx_lm
@@ -134,7 +134,7 @@ def test_default_model_writes_mlx_lm_greedy_tokens_fused(default_model_dir, monk
     prompt = "Write one sentence about the sea."
     model, tokenizer = tiny_llm.load(str(default_model_dir))
     ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=24)]
-    ref_model, ref_tokenizer = mlx_lm.load(str(default_model_dir))
+    ref_model, ref_tokenizer = reference_default_model
     ref = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, prompt, max_tokens=24)]
     assert ours == ref
     assert len(calls) >= len(ours) - 2  # every decode step but the first ran fused
