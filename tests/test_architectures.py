@@ -33,22 +33,30 @@ def arch_dir(request, tmp_path_factory):
     return request.param, write_random_model(tmp_path_factory.mktemp(request.param), request.param, bits=bits)
 
 
-def greedy_mlx_lm(path: Path, prompt: list[int]) -> list[int]:
-    import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
+@pytest.fixture(scope="module")
+def loaded(arch_dir):
+    """tiny-llm's model and tokenizer of `arch_dir`, loaded once for the tests of it."""
+    return tiny_llm.load(str(arch_dir[1]))
 
-    model, tokenizer = mlx_lm.load(str(path))
-    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS,
-                                                    sampler=make_sampler(0.0))]
+
+def greedy_mlx_lm(path: Path, prompt: list[int]) -> list[int]:
+    """mlx-lm's greedy tokens: its model, its decoding loop (token ids: no tokenizer needed)."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(path)
+    steps = generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS, sampler=make_sampler(0.0))
+    return [int(token) for token, _ in steps]
 
 
 def prompt_ids(tokenizer) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}])
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}]))
 
 
-def test_greedy_generation_equals_mlx_lm(arch_dir):
+def test_greedy_generation_equals_mlx_lm(arch_dir, loaded):
     arch, path = arch_dir
-    model, tokenizer = tiny_llm.load(str(path))
+    model, tokenizer = loaded
     assert model.args.model_type == ARCHITECTURES[arch]["model_type"]
     prompt = prompt_ids(tokenizer)
     ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, MAX_TOKENS,
@@ -56,11 +64,10 @@ def test_greedy_generation_equals_mlx_lm(arch_dir):
     assert ours == greedy_mlx_lm(path, prompt)
 
 
-def test_batch_speculative_and_beam_search_give_the_greedy_tokens(arch_dir):
+def test_batch_speculative_and_beam_search_give_the_greedy_tokens(loaded):
     """Batched rows, prompt-lookup drafts and a single beam all produce what plain greedy
     decoding produces, row by row."""
-    _, path = arch_dir
-    model, tokenizer = tiny_llm.load(str(path))
+    model, tokenizer = loaded
     prompts = [prompt_ids(tokenizer), tokenizer.encode("one two three one two three one two")]
     greedy = SamplingParams(temperature=0.0)
     alone = [[r.token for r in tiny_llm.stream_generate(model, tokenizer, p, MAX_TOKENS, params=greedy)]
@@ -76,18 +83,17 @@ def test_batch_speculative_and_beam_search_give_the_greedy_tokens(arch_dir):
         assert beam.tokens == [t for t in want if t not in eos]
 
 
-def test_constrained_generation_follows_the_grammar(arch_dir):
-    _, path = arch_dir
-    model, tokenizer = tiny_llm.load(str(path))
+def test_constrained_generation_follows_the_grammar(loaded):
+    model, tokenizer = loaded
     pattern = r"[0-9]{3}-[a-z]{2,4}"
     params = SamplingParams(temperature=1.0, seed=3, grammar=Grammar.from_regex(pattern))
     text = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), max_tokens=16, params=params)
     assert re.fullmatch(pattern, text), text
 
 
-def test_command_line_generates_the_greedy_text(arch_dir):
+def test_command_line_generates_the_greedy_text(arch_dir, loaded):
     _, path = arch_dir
-    model, tokenizer = tiny_llm.load(str(path))
+    model, tokenizer = loaded
     want = tiny_llm.generate(model, tokenizer, prompt_ids(tokenizer), max_tokens=MAX_TOKENS,
                              params=SamplingParams(temperature=0.0))
     out, err = io.StringIO(), io.StringIO()
