@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import os
 
 import day_hits
 
@@ -16,6 +17,19 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers
 
 from tiny_llm.tokenizer import Tokenizer
+
+# The property-based tests (test_fuzz, test_json_schema_hypothesis, test_serve_fuzz) draw
+# fixed corpora of examples (the same on every run). A run with TINY_LLM_FUZZ=full (CI's)
+# draws each corpus whole; any other run draws a fifth as many, so that `make test` keeps a
+# developer's budget while every property still runs.
+FUZZ_FULL = os.environ.get("TINY_LLM_FUZZ") == "full"
+
+
+def examples(full: int) -> int:
+    """How many examples a property test draws: `full` in a full run, a fifth (at least one)
+    otherwise."""
+    return full if FUZZ_FULL else max(1, full // 5)
+
 
 TINY_CONFIGS = {
     # GQA ratio 2, untied head, Qwen2 q/k/v biases.

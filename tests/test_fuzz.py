@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from tiny_llm.constrain import Grammar, TokenMatcher, TokenTable
 from tiny_llm.sampler import SamplingParams
 
-from conftest import vocab_tokenizer
+from conftest import examples, vocab_tokenizer
 from test_cli import NO_MODEL, run_captured
 
-FUZZ = settings(derandomize=True, database=None, deadline=2000, max_examples=400,
+FUZZ = settings(derandomize=True, database=None, deadline=2000, max_examples=examples(400),
                 suppress_health_check=[HealthCheck.too_slow])
 MEMORY = 64 * 2**20  # bytes one compilation may hold at its peak
 DEPTHS = [1, 99, 100, 101, 300, 1000, 5000]  # nesting around the limit and far past it
@@ -111,7 +111,7 @@ def test_generated_regexes_accept_exactly_their_language(pattern):
         assert grammar.accepts(w) == bool(re.fullmatch(pattern, w)), (pattern, w)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(regexes(), st.sampled_from(words(3)))
 def test_generated_regex_masks_equal_brute_force(pattern, prefix):
     """Each token of a vocabulary of every 1- and 2-character word (and end-of-sequence) is
@@ -127,7 +127,7 @@ def test_generated_regex_masks_equal_brute_force(pattern, prefix):
         assert matcher.mask(state).tolist() == expected, (pattern, prefix)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(SCHEMAS, st.lists(JSON, min_size=1, max_size=8))
 def test_json_texts_a_schema_grammar_accepts_validate(schema, values):
     """Soundness: whatever compact JSON text the grammar accepts validates against the
@@ -175,7 +175,7 @@ ARGS = st.one_of(st.sampled_from(["0", "-1", "1.5", "nan", "inf", "1e400", "3+2"
 TOKENIZER = vocab_tokenizer(64)
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=examples(200))
 @given(st.lists(st.tuples(FLAGS, ARGS), max_size=4))
 def test_command_line_flags_end_in_one_line_and_status_2(pairs):
     """Whatever the flags, `generate` with a model that does not exist stops with status 2

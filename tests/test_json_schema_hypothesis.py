@@ -21,6 +21,8 @@ from hypothesis.internal.conjecture import providers
 from tiny_llm.constrain import Grammar
 from tiny_llm.constrain.grammar import Automaton
 
+from conftest import FUZZ_FULL
+from conftest import examples as scaled
 from test_json_schema_keywords import canonical_text, escape_all, is_valid, text_is_valid
 
 # No shrinking: each step compiles a schema again, and a failure's first example (with its
@@ -368,9 +370,11 @@ def compile_or_none(schema) -> Grammar | bool:
         return EMPTY in str(e)
 
 
-def run_soundness(strategy, examples: int) -> None:
-    """Soundness on `examples` schemas of `strategy`; most of them must compile."""
+def run_soundness(strategy, full: int) -> None:
+    """Soundness on the `full` schemas of `strategy` (or the first part a quick run draws,
+    `conftest.examples`); at most a tenth of the full corpus may be refused."""
     outcomes: list[bool] = []
+    examples = scaled(full)  # a line apart: hypothesis derives its examples from `sound`'s own text
 
     @settings(RUNS, max_examples=examples)
     @given(strategy.map(name_anchors), st.data(), st.randoms(use_true_random=False))
@@ -391,7 +395,10 @@ def run_soundness(strategy, examples: int) -> None:
 
     sound()
     compiled = sum(outcomes)
-    assert compiled >= COMPILED_AT_LEAST * len(outcomes), f"{compiled} of {len(outcomes)} schemas compiled"
+    # In a full run, at least COMPILED_AT_LEAST of the schemas compile. A quick run draws a
+    # fifth as many: it may meet as many refusals as a full run allows, no more.
+    refused_at_most = (1 - COMPILED_AT_LEAST) * (len(outcomes) if FUZZ_FULL else full)
+    assert len(outcomes) - compiled <= refused_at_most, f"{compiled} of {len(outcomes)} schemas compiled"
 
 
 def test_soundness_on_scalar_schemas():
@@ -514,7 +521,7 @@ def valid_instance(schema):
                                  optional={k: valid_instance(s) for k, s in properties.items() if k not in required})
 
 
-@settings(RUNS, max_examples=80)
+@settings(RUNS, max_examples=scaled(80))
 @given(EXACT, st.data())
 def test_canonical_texts_of_valid_instances_are_accepted(schema, data):
     note(json.dumps(schema))

@@ -34,6 +34,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                                response_headers_conformance, response_schema_conformance,
                                                status_code_conformance)
+from conftest import examples
 from serve_support import running_server
 
 from tiny_llm.sampler.params import MAX_TOP_K
@@ -54,8 +55,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 # Every operation of the description, with how many requests the fuzzer sends in each mode
 # (positive: valid under the description; negative: invalid in at least one place). An
 # operation without parameters or body has one valid request and no invalid one; a path
-# parameter typed "string" cannot be made invalid. The numbers keep the file near 40 s on
-# two cores: the bodies of the chat request are the slowest to generate.
+# parameter typed "string" cannot be made invalid. The numbers are a full run's (a quick run
+# sends a fifth, at least one: conftest.examples); they keep a full run of the file near
+# 40 s on two cores: the bodies of the chat request are the slowest to generate.
 EXAMPLES = {
     ("GET", "/"): {"positive": 1},
     ("GET", "/health"): {"positive": 1},
@@ -159,8 +161,8 @@ def fuzz(operation, mode: str, served, description: dict, context_length: int, t
     described = description["paths"][operation.path][operation.method.lower()]["responses"]
 
     @seed(SEED)
-    @settings(max_examples=EXAMPLES[operation.method.upper(), operation.path][mode], database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate],  # no shrinking: the first failure is reported as it is
+    @settings(max_examples=examples(EXAMPLES[operation.method.upper(), operation.path][mode]), database=None,
+              deadline=None, phases=[Phase.explicit, Phase.generate],  # no shrinking: the first failure as it is
               suppress_health_check=list(HealthCheck))
     @given(operation.as_strategy(generation_mode=GenerationMode(mode)))
     def run(case):
