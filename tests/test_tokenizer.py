@@ -71,6 +71,25 @@ def test_directory_tokenizer_collects_eos_ids_from_every_config(default_model_di
     assert tokenizer.eos_token_ids == {0, 1, 2}
 
 
+def test_a_tokenizer_file_is_parsed_once_per_version(default_model_dir, tmp_path):
+    """Loading the same tokenizer.json again shares its parsed backend; a changed file is
+    read again, and a broken one is refused each time it is loaded."""
+    (tmp_path / "tokenizer.json").write_text((default_model_dir / "tokenizer.json").read_text())
+    first, again = Tokenizer.from_directory(tmp_path), Tokenizer.from_directory(tmp_path)
+    assert again.backend is first.backend and again is not first
+    config = json.loads((tmp_path / "tokenizer.json").read_text())
+    config["added_tokens"].append({"id": 49152, "content": "<extra>", "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": True})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(config))
+    changed = Tokenizer.from_directory(tmp_path)
+    assert changed.backend is not first.backend
+    assert (changed.vocab_size, first.vocab_size) == (49153, 49152)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="is not a readable tokenizer file"):
+            Tokenizer.from_directory(tmp_path)
+
+
 def test_missing_tokenizer_file_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no tokenizer.json"):
         Tokenizer.from_directory(tmp_path)

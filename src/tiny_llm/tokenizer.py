@@ -1,8 +1,9 @@
 """Engine — tokenizers: Hugging Face `tokenizer.json` files, GGUF vocabularies, chat templates.
 
-Tests: tests/test_constrain_grammar.py, tests/test_loader.py, tests/test_progress.py
+Tests: tests/test_constrain_grammar.py, tests/test_loader.py, tests/test_progress.py, tests/test_tokenizer.py
 """
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,15 @@ _LLAMA3_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 GGUF_TOKEN_CONTROL, GGUF_TOKEN_USER_DEFINED = 3, 4
+
+
+@functools.lru_cache(maxsize=8)
+def _read_backend(path: str, size: int, mtime_ns: int) -> HFTokenizer:
+    """The parsed `tokenizer.json` at `path`, kept per version of the file (its size and
+    modification time): a model loaded again in one process, such as one per run of an
+    evaluation, does not parse its tokenizer again (0.2 s for the default model's). The
+    tokenizers of one file share this backend; tiny-llm never changes a backend it read."""
+    return HFTokenizer.from_file(path)
 
 
 class Tokenizer:
@@ -111,8 +121,9 @@ class Tokenizer:
         path = directory / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{directory} has no tokenizer.json")
+        stat = path.stat()
         try:
-            backend = HFTokenizer.from_file(str(path))
+            backend = _read_backend(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
         except Exception as e:  # the tokenizers library raises its own Exception type
             raise ValueError(f"{path} is not a readable tokenizer file: {e}") from None
         config = _read_json(directory / "tokenizer_config.json")
