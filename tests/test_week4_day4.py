@@ -517,20 +517,9 @@ def test_eval_refuses_a_bad_task_in_one_line(tmp_path, capsys, no_model, edit, f
     assert not (tmp_path / "o").exists()
 
 
-def test_eval_runs_the_scripted_solutions_from_the_command_line(tmp_path, capsys):
-    out = tmp_path / "o"
-    status, stdout, err = run_cli(["agent", "eval", str(EXAMPLES), "--scripted", "--runs", "2", "--seed", "0",
-                                   "--out", str(out)], capsys)
-    assert status == 0, err
-    lines = stdout.splitlines()
-    assert lines[0].split() == ["task", "passed", "pass@1", "pass@2", "steps", "tokens", "seconds"]
-    assert [line.split()[:4] for line in lines[1:5]] == [[n, "2/2", "1.00", "1.00"] for n in NAMES]
-    assert lines[5].split() == ["all", "8/8", "1.00", "1.00"]
-    assert lines[6].startswith(f"report: {out / 'report.json'} (")
-    assert "fix-off-by-one run 1: passed (4 steps," in err
-    report = json.loads((out / "report.json").read_text())
-    assert (report["runs"], report["seed"], report["pass_rate"]) == (2, 0, 1.0)
-    # Another file of each task folder: the wrong solutions, each failure with its reason.
+def test_eval_reports_each_wrong_solutions_failure_from_the_command_line(tmp_path, capsys):
+    """Another file of each task folder: the wrong solutions, each failure with its reason
+    (the right ones, through the same command, are the end-to-end test's)."""
     status, stdout, err = run_cli(["agent", "eval", str(EXAMPLES), "--scripted", "wrong.json",
                                    "--out", str(tmp_path / "w")], capsys)
     assert status == 0 and "failures:" in stdout
@@ -539,14 +528,22 @@ def test_eval_runs_the_scripted_solutions_from_the_command_line(tmp_path, capsys
 
 
 def test_tiny_llm_agent_eval_end_to_end(tmp_path):
-    """The command of the book, as a student runs it (a subprocess, from the repository)."""
+    """The command of the book, as a student runs it (a subprocess, from the repository): the
+    scripted solutions pass every task, in the table, the progress lines and the report."""
+    out = tmp_path / "o"
     argv = [sys.executable, "-m", "tiny_llm", "agent", "eval", "examples/agent-tasks", "--scripted",
-            "--runs", "2", "--seed", "0", "--out", str(tmp_path / "o")]
+            "--runs", "2", "--seed", "0", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     if m := re.search(r"error: (week4-day4) is not implemented yet \((.*?)\);", run.stderr):
         raise NotImplementedError(f"{m[1]}: {m[2]}")
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[5].split() == ["all", "8/8", "1.00", "1.00"]
-    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    lines = run.stdout.splitlines()
+    assert lines[0].split() == ["task", "passed", "pass@1", "pass@2", "steps", "tokens", "seconds"]
+    assert [line.split()[:4] for line in lines[1:5]] == [[n, "2/2", "1.00", "1.00"] for n in NAMES]
+    assert lines[5].split() == ["all", "8/8", "1.00", "1.00"]
+    assert lines[6].startswith(f"report: {out / 'report.json'} (")
+    assert "fix-off-by-one run 1: passed (4 steps," in run.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert (report["runs"], report["seed"], report["pass_rate"]) == (2, 0, 1.0)
     assert [t["pass_at_k"] for t in report["tasks"]] == [{"1": 1.0, "2": 1.0}] * 4
