@@ -25,8 +25,8 @@ START_TIMEOUT = 120.0  # seconds for the model to load and the port to answer
 # 60 ms of CPU), even for plain http:// on loopback; its one-call functions make a client
 # each. The tests' one-call requests share one context instead.
 TLS = ssl.create_default_context()
-http = SimpleNamespace(**{name: partial(getattr(httpx, name), verify=TLS)
-                          for name in ("get", "post", "delete", "stream")})
+loopback = SimpleNamespace(**{name: partial(getattr(httpx, name), verify=TLS)
+                              for name in ("get", "post", "delete", "stream")})
 
 # A random-weight Llama with the default model's tokenizer and chat template: the same
 # text handling as the real model, at a hundredth of its cost per token.
@@ -67,10 +67,10 @@ class LiveServer:
         return self.final_log if self.final_log is not None else self.log.read_text(errors="replace")
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return http.get(self.url + path, **{"timeout": 60, **kw})
+        return loopback.get(self.url + path, **{"timeout": 60, **kw})
 
     def post(self, path: str, body=None, **kw) -> httpx.Response:
-        return http.post(self.url + path, json=body, **{"timeout": 300, **kw})
+        return loopback.post(self.url + path, json=body, **{"timeout": 300, **kw})
 
     def metric(self, name: str) -> float:
         """The value of one sample line of /metrics (`name` with its labels, if any)."""
@@ -98,7 +98,7 @@ def running_server(*args: str, model: str = "default", env: dict[str, str] | Non
             if process.poll() is not None:
                 raise RuntimeError(f"tiny-llm serve exited with {process.returncode}:\n{log.read_text()}")
             try:
-                if http.get(server.url + "/health", timeout=2).status_code == 200:
+                if loopback.get(server.url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

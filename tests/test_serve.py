@@ -16,7 +16,7 @@ import jsonschema
 import mlx.core as mx
 import openai
 import pytest
-from serve_support import http, openai_client, running_server
+from serve_support import loopback, openai_client, running_server
 from test_serve_text import TIME, WEATHER
 
 import tiny_llm
@@ -265,19 +265,19 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 def test_errors_come_in_openais_shape(tiny, client):
     url = tiny.url + "/v1/chat/completions"
-    malformed = http.post(url, content=b'{"messages": [', headers={"Content-Type": "application/json"})
+    malformed = loopback.post(url, content=b'{"messages": [', headers={"Content-Type": "application/json"})
     assert "not valid JSON" in error_of(malformed, 400)["message"]
     assert error_of(tiny.post("/v1/chat/completions", {"messages": chat("x"), "temperature": -1}), 400)["param"] \
         == "temperature"
     too_long = error_of(tiny.post("/v1/chat/completions", {"messages": chat("x"), "max_tokens": 5000}), 400)
     assert too_long["code"] == "context_length_exceeded" and "2048" in too_long["message"]
     assert error_of(tiny.post("/v1/completions", {"prompt": "x", "model": "gpt-9"}), 404)["code"] == "model_not_found"
-    big = http.post(tiny.url + "/v1/completions", content=b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
+    big = loopback.post(tiny.url + "/v1/completions", content=b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
     assert error_of(big, 413)["code"] == "request_too_large"
     assert error_of(tiny.get("/v1/nothing"), 404)
-    surrogate = http.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}')
+    surrogate = loopback.post(url, content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}')
     assert error_of(surrogate, 400)["param"] == "messages"
-    deep = http.post(url, content=b"[" * 100_000 + b"]" * 100_000)
+    deep = loopback.post(url, content=b"[" * 100_000 + b"]" * 100_000)
     assert "nested too deeply" in error_of(deep, 400)["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=NAME, messages=chat("x"), extra_body={"top_k": -3})
@@ -324,7 +324,7 @@ def test_a_request_that_fails_while_decoding_fails_alone(tiny, client, default_t
 def test_a_client_that_disconnects_frees_its_row(tiny):
     cancelled = tiny.metric("tiny_llm_cancelled_requests_total")
     body = {"messages": chat("Go on forever."), "max_tokens": 2000, "stream": True, "logit_bias": EOS}
-    with http.stream("POST", tiny.url + "/v1/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", tiny.url + "/v1/chat/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         assert [next(lines) for _ in range(6)]  # a few tokens have come: the row is running
     deadline = time.monotonic() + 20
@@ -335,7 +335,7 @@ def test_a_client_that_disconnects_frees_its_row(tiny):
     # A client of a whole (not streamed) reply that gives up: the same.
     cancelled = tiny.metric("tiny_llm_cancelled_requests_total")
     with pytest.raises(httpx.ReadTimeout):
-        http.post(tiny.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=1.0)
+        loopback.post(tiny.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=1.0)
     deadline = time.monotonic() + 20
     while tiny.metric("tiny_llm_cancelled_requests_total") == cancelled or tiny.metric("tiny_llm_running_rows"):
         assert time.monotonic() < deadline, "the row was not freed"
@@ -345,7 +345,7 @@ def test_a_client_that_disconnects_frees_its_row(tiny):
 def test_ctrl_c_ends_open_streams_with_an_error_and_done(tiny_dir):
     with running_server(model=str(tiny_dir)) as server:
         body = {"messages": chat("Go on."), "max_tokens": 2000, "stream": True, "logit_bias": EOS}
-        with http.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        with loopback.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
             next(lines)
             os.killpg(server.process.pid, signal.SIGINT)
@@ -372,8 +372,8 @@ def test_api_key_queue_limit_and_prompt_limit(tiny_dir):
         # One row decoding, one request waiting: the next one is turned away with 503.
         forever = {"messages": chat("Go on."), "max_tokens": 2000, "stream": True, "logit_bias": EOS}
         answers = []
-        with http.stream("POST", server.url + "/v1/chat/completions", json=forever, headers=key,
-                         timeout=60) as running:
+        with loopback.stream("POST", server.url + "/v1/chat/completions", json=forever, headers=key,
+                             timeout=60) as running:
             lines = running.iter_lines()
             while '"content": ""' in (line := next(lines)) or not line:  # until its first token
                 pass

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from serve_support import http, running_server
+from serve_support import loopback, running_server
 from test_serve_text import TIME, WEATHER
 
 from tiny_llm.serve.anthropic import Blocks, matched_stop
@@ -124,8 +124,8 @@ def post(tiny, path: str, body, **kw) -> httpx.Response:
 
 def events(tiny, body: dict) -> list[tuple[str, dict]]:
     """The Server-Sent Events of a streamed /v1/messages request: (event name, data)."""
-    with http.stream("POST", tiny.url + "/v1/messages", json={**body, "stream": True},
-                     headers={"x-api-key": KEY}, timeout=120) as response:
+    with loopback.stream("POST", tiny.url + "/v1/messages", json={**body, "stream": True},
+                         headers={"x-api-key": KEY}, timeout=120) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         text = response.read().decode()
     out = []
@@ -362,8 +362,8 @@ def test_errors_come_in_anthropics_shape_through_the_sdk(tiny, client, tiny_dir,
         with pytest.raises(anthropic.AuthenticationError) as e:
             call()
         assert e.value.body["error"]["type"] == "authentication_error"
-    big = http.post(tiny.url + "/v1/messages", content=b'{"messages": "' + b"a" * (5 << 20) + b'"}',
-                    headers={"x-api-key": KEY})
+    big = loopback.post(tiny.url + "/v1/messages", content=b'{"messages": "' + b"a" * (5 << 20) + b'"}',
+                        headers={"x-api-key": KEY})
     assert error_of(big, 413)["type"] == "request_too_large"
 
     # A request that fails while decoding (its grammar allows only a banned token): the
@@ -386,8 +386,8 @@ def test_a_busy_server_is_overloaded(tiny):
     forever = {"model": NAME, "messages": ASK, "max_tokens": 2000, "stream": True, "logit_bias": EOS}
     short = {"model": NAME, "messages": ASK, "max_tokens": 2}
     answers = []
-    with http.stream("POST", tiny.url + "/v1/messages", json=forever, headers={"x-api-key": KEY},
-                     timeout=60) as running:
+    with loopback.stream("POST", tiny.url + "/v1/messages", json=forever, headers={"x-api-key": KEY},
+                         timeout=60) as running:
         lines = running.iter_lines()
         while "content_block_delta" not in next(lines):  # until its first token
             pass

@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from serve_support import http, running_server
+from serve_support import loopback, running_server
 from test_serve import EOS, error_of
 
 pytestmark = pytest.mark.xdist_group("serve-faults")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.xdist_group("serve-faults")
 
 def stream(url: str, body: dict, **kw) -> list:
     """Every `data:` payload of a streamed request (JSON decoded, "[DONE]" as it is)."""
-    with http.stream("POST", url, json={**body, "stream": True}, timeout=60, **kw) as response:
+    with loopback.stream("POST", url, json={**body, "stream": True}, timeout=60, **kw) as response:
         assert response.status_code == 200, response.read()
         return [line[6:] if line == "data: [DONE]" else json.loads(line[6:])
                 for line in response.iter_lines() if line.startswith("data: ")]
@@ -179,8 +179,8 @@ def test_sigterm_drains_streams_in_progress_then_exits_0(tiny_dir):
         results, started = {}, threading.Barrier(3)
 
         def run(name, body):
-            with http.stream("POST", url, json={**body, "stream": True}, timeout=60,
-                             headers={"X-Request-Id": f"drain-{name}"}) as response:
+            with loopback.stream("POST", url, json={**body, "stream": True}, timeout=60,
+                                 headers={"X-Request-Id": f"drain-{name}"}) as response:
                 lines = response.iter_lines()
                 first = next(lines)
                 started.wait(30)

@@ -18,7 +18,7 @@ import openai
 import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from serve_support import http, openai_client, running_server
+from serve_support import loopback, openai_client, running_server
 from test_serve_agents import Forecast, recording_client, run_openai_agent, weather
 from test_serve_text import WEATHER
 
@@ -334,7 +334,7 @@ def client(tiny):
 def raw_events(tiny, body: dict) -> list[dict]:
     """A streamed answer read as plain Server-Sent Events: `event: TYPE` then `data: JSON`
     whose type is TYPE, each block alone; no `[DONE]`."""
-    with http.stream("POST", tiny.url + "/v1/responses", json={**body, "stream": True}, timeout=120) as answer:
+    with loopback.stream("POST", tiny.url + "/v1/responses", json={**body, "stream": True}, timeout=120) as answer:
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
         text = answer.read().decode()
     assert "[DONE]" not in text and text.endswith("\n\n")
@@ -467,7 +467,7 @@ def test_stored_responses_and_404s(client, tiny):
     kept = client.responses.create(**kw)
     again = client.responses.retrieve(kept.id)
     assert again.model_dump() == kept.model_dump() and again.store is True
-    assert http.delete(tiny.url + f"/v1/responses/{kept.id}").json() == {
+    assert loopback.delete(tiny.url + f"/v1/responses/{kept.id}").json() == {
         "id": kept.id, "object": "response.deleted", "deleted": True}
     unkept = client.responses.create(store=False, **kw)
     for gone in (kept.id, unkept.id, "resp_nothing"):

@@ -430,7 +430,7 @@ def test_two_ranks_serve_http_from_rank_zero(models):
     """`mlx.launch -n 2 -- tiny-llm serve`: rank 0 answers over HTTP; a greedy reply equals
     one process's, and a sampled batch of two choices completes (the ranks stay in step)."""
     import httpx
-    from serve_support import http
+    from serve_support import loopback
 
     import tiny_llm
 
@@ -452,21 +452,21 @@ def test_two_ranks_serve_http_from_rank_zero(models):
                     continue
                 pytest.fail(f"the server ended: {err[-2000:]}")
             try:
-                if http.get(url + "/health", timeout=2).status_code == 200:
+                if loopback.get(url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
         else:
             pytest.fail("the server did not come up")
         messages = [{"role": "user", "content": "What is the capital of France?"}]
-        reply = http.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12,
-                                                              "temperature": 0}, timeout=TIMEOUT).json()
+        reply = loopback.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12,
+                                                                  "temperature": 0}, timeout=TIMEOUT).json()
         model, tokenizer = tiny_llm.load(str(models["qwen2"]))
         want = tiny_llm.generate(model, tokenizer, tokenizer.apply_chat_template(messages), max_tokens=12,
                                  params=tiny_llm.SamplingParams(temperature=0.0))
         assert reply["choices"][0]["message"]["content"] == want
-        sampled = http.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "n": 2,
-                                                                "temperature": 0.9}, timeout=TIMEOUT).json()
+        sampled = loopback.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "n": 2,
+                                                                    "temperature": 0.9}, timeout=TIMEOUT).json()
         assert [c["finish_reason"] for c in sampled["choices"]] in (["length", "length"], ["stop", "length"],
                                                                      ["length", "stop"], ["stop", "stop"])
     finally:
