@@ -371,7 +371,7 @@ def compile_or_none(schema) -> Grammar | bool:
 
 
 def run_soundness(strategy, full: int) -> None:
-    """Soundness on the `full` schemas of `strategy` (or the first part a quick run draws,
+    """Soundness on the `full` schemas of `strategy` (a fifth as many in a quick run,
     `conftest.examples`); at most a tenth of the full corpus may be refused."""
     outcomes: list[bool] = []
     examples = scaled(full)  # a line apart: hypothesis derives its examples from `sound`'s own text
