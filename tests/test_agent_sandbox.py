@@ -233,6 +233,10 @@ def test_undo_refuses_a_step_the_run_does_not_have(tmp_path, place, capsys):
     assert err.startswith("tiny-llm: error: --to-step: a step of this run, 0 to 2, got 9") and err.count("\n") == 1
 
 
+# Each case mostly waits for its slow command: in the group of the tests that mostly wait
+# (test_serve_soak.py's), they run one after the other on one test worker while the other
+# worker has the machine.
+@pytest.mark.xdist_group("waits")
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, place, sandboxed):
     """kill -9 of the agent while a slow command runs, then an immediate resume: the command
@@ -241,8 +245,8 @@ def test_a_killed_agent_leaves_no_command_and_resume_applies_it_once(tmp_path, p
     ws, _ = place
     # Slow enough that the resumed agent (a new Python process) starts while it still runs,
     # and outlives the 5 s the resumed run waits for it to end once killed.
-    # Unique to this call: both parametrizations may run at once on two test workers, and
-    # their temporary folders may have the same name.
+    # Unique to this call: another run of the tests (a course check beside this one) may
+    # have a temporary folder of the same name.
     marker = f"tiny-llm-resumed-{uuid.uuid4().hex}"
     slow = python(f"import time; time.sleep(8); open('lines.txt', 'a').write('line\\n')  # {marker}")
     script = tmp_path / "script.json"

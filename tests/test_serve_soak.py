@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("serve-soak")
+# The soak's traffic mostly waits on slow readers: in one group with the other tests that
+# mostly wait (test_agent_sandbox.py's killed agents), so that they run one after the other
+# on one test worker while the other worker has the machine.
+pytestmark = pytest.mark.xdist_group("waits")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak_serve.py"
 KINDS = ("chat", "completion", "json_schema", "tool", "grammar", "regex", "responses", "messages", "invalid",
