@@ -211,11 +211,48 @@ def vocab_tokenizer(n: int) -> Tokenizer:
     return Tokenizer(backend, eos_tokens=["w0"])
 
 
+class MlxLmDefault:
+    """mlx-lm's copy of the default model (`model`, `tokenizer`), and its answers, each
+    computed once per test process: several days' tests compare against the same logits and
+    greedy tokens, and on a CPU mlx-lm needs about a fifth of a second per token."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self._answers: dict[tuple, object] = {}
+
+    def logits(self, tokens: list[int]) -> mx.array:
+        """`[L, V]`: mlx-lm's logits at every position of `tokens`, in one forward pass."""
+        key = ("logits", tuple(tokens))
+        if key not in self._answers:
+            self._answers[key] = self.model(mx.array([tokens]))[0]
+            mx.eval(self._answers[key])
+        return self._answers[key]
+
+    def greedy(self, ids: list[int], max_tokens: int) -> list[int]:
+        """The tokens `mlx_lm.stream_generate` writes after the prompt `ids`, greedy."""
+        import mlx_lm
+
+        key = ("greedy", tuple(ids), max_tokens)
+        if key not in self._answers:
+            self._answers[key] = [r.token for r in mlx_lm.stream_generate(self.model, self.tokenizer, ids,
+                                                                          max_tokens=max_tokens)]
+        return list(self._answers[key])
+
+
 @pytest.fixture(scope="session")
-def reference_default_model(default_model_dir):
+def reference_default_model(default_model_dir) -> MlxLmDefault:
     import mlx_lm
 
-    return mlx_lm.load(str(default_model_dir))
+    return MlxLmDefault(*mlx_lm.load(str(default_model_dir)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The tests that use mlx-lm's copy of the default model run on one test worker: it is
+    loaded once, and its answers are shared (`MlxLmDefault`)."""
+    for item in items:
+        if "reference_default_model" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("mlx-lm-default"))
 
 
 VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]

@@ -19,7 +19,7 @@ MESSAGES = [
 def test_chat_template_matches_transformers(default_tokenizer, reference_default_model, messages, add_generation_prompt):
     """Our jinja rendering of the model's template equals Hugging Face's."""
     tokenizer = default_tokenizer
-    _, ref = reference_default_model
+    ref = reference_default_model.tokenizer
     ours = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     theirs = ref.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
     assert ours == theirs
@@ -28,7 +28,7 @@ def test_chat_template_matches_transformers(default_tokenizer, reference_default
 def test_encoding_matches_transformers(default_tokenizer, reference_default_model):
     """Token ids equal those of the transformers tokenizer mlx-lm builds from the same files."""
     tokenizer = default_tokenizer
-    _, ref = reference_default_model
+    ref = reference_default_model.tokenizer
     for text in ["Hello, world!", "  two spaces\tand a tab", "数字 12345 and 3.14", "<|im_start|>user\nhi<|im_end|>"]:
         assert tokenizer.encode(text) == ref.encode(text)
 

@@ -537,12 +537,11 @@ def test_default_model_fused_matches_mlx_lm(fused_default_model, reference_defau
     """
     model, tokenizer = fused_default_model
     assert model.fused
-    ref_model, ref_tokenizer = reference_default_model
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}])
+    # Week 1 day 5's first prompt: mlx-lm's logits are computed once for both days.
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     tokens = tokenizer.encode(text)
-    assert tokens == ref_tokenizer.encode(text)
-    x = mx.array([tokens])
-    ours, ref = model(x)[0], ref_model(x)[0]  # L, V
+    assert tokens == reference_default_model.tokenizer.encode(text)
+    ours, ref = model(mx.array([tokens]))[0], reference_default_model.logits(tokens)  # L, V
     assert_close(ours, ref, 1e-3, 0)
     assert_close(mx.softmax(ours, axis=-1), mx.softmax(ref, axis=-1), 1e-5, 0)
     assert mx.argmax(ours[-1]).item() == mx.argmax(ref[-1]).item()

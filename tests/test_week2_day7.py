@@ -134,8 +134,8 @@ def test_default_model_writes_mlx_lm_greedy_tokens_fused(default_model_dir, refe
     prompt = "Write one sentence about the sea."
     model, tokenizer = tiny_llm.load(str(default_model_dir))
     ours = [r.token for r in tiny_llm.stream_generate(model, tokenizer, prompt, max_tokens=24)]
-    ref_model, ref_tokenizer = reference_default_model
-    ref = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tokenizer, prompt, max_tokens=24)]
+    ref = [r.token for r in mlx_lm.stream_generate(reference_default_model.model, reference_default_model.tokenizer,
+                                                   prompt, max_tokens=24)]
     assert ours == ref
     assert len(calls) >= len(ours) - 2  # every decode step but the first ran fused
 
